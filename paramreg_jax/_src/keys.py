@@ -1,0 +1,247 @@
+"""The key grammar: tree paths to canonical names and keys, and back.
+
+A tree path (a tuple of ``jax.tree_util`` key entries) becomes a *name*: its components joined
+by ``/``. Components are escaped JSON-Pointer style (RFC 6901), ``~`` → ``~0`` and ``/`` →
+``~1``, plus one extension: the empty component is written ``~2`` so that every name component
+is non-empty and ``name_to_path`` inverts ``path_to_name`` exactly. Int keys and their decimal
+strings give the same component (orbax turns ``{0: x}`` into ``{'0': x}``). The trailing
+``value``/``raw_value`` attribute of a flax NNX ``Variable`` is not part of the name.
+
+Canonical keys are ``n:<name>`` (named) and ``p:<index>`` (positional, the flatten order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from paramreg_jax._src import errors
+
+NAMED_KEY_PREFIX = "n:"
+INDEXED_KEY_PREFIX = "p:"
+
+#: Largest index a ``p:<index>`` key may carry; a larger one is a corrupt or hostile key.
+MAX_POSITIONAL_INDEX = 1 << 24
+
+_NNX_VALUE_ATTRS = frozenset({"value", "raw_value"})
+_INDEX_RE = re.compile(r"0|[1-9][0-9]*")
+_EMPTY_COMPONENT = "~2"
+
+
+def entry_to_component(entry: Any) -> str:
+  """The raw (unescaped) name component of one ``jax.tree_util`` key entry."""
+  if isinstance(entry, jax.tree_util.DictKey):
+    key = entry.key
+  elif isinstance(entry, jax.tree_util.GetAttrKey):
+    return entry.name
+  elif isinstance(entry, jax.tree_util.SequenceKey):
+    return str(entry.idx)
+  elif isinstance(entry, jax.tree_util.FlattenedIndexKey):
+    key = entry.key
+  else:
+    key = getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", entry)))
+  if isinstance(key, str):
+    return key
+  if isinstance(key, (int, np.integer)):  # bools fold too: True is 1 as a dict key
+    return str(int(key))
+  if isinstance(key, (float, np.floating)) and float(key).is_integer():
+    return str(int(key))  # {1.0: x} and {1: x} are the same dict slot
+  return str(key)
+
+
+def escape_component(component: str) -> str:
+  """Escapes one raw component (``~`` → ``~0``, ``/`` → ``~1``, empty → ``~2``)."""
+  if not component:
+    return _EMPTY_COMPONENT
+  return component.replace("~", "~0").replace("/", "~1")
+
+
+def unescape_component(escaped: str, *, name: str) -> str:
+  """Reverses :func:`escape_component`; a stray ``~`` or empty component is malformed."""
+  if escaped == _EMPTY_COMPONENT:
+    return ""
+  if not escaped:
+    raise errors.MalformedKeyError(
+      f"name {name!r} has an empty component; empty components are written '~2' "
+      "(use path_to_name to build names)"
+    )
+  if "~" not in escaped:
+    return escaped
+  out = []
+  i = 0
+  while i < len(escaped):
+    ch = escaped[i]
+    if ch == "~":
+      nxt = escaped[i + 1 : i + 2]
+      if nxt not in ("0", "1"):
+        raise errors.MalformedKeyError(
+          f"name {name!r} has a bad escape {escaped[i : i + 2]!r} in component {escaped!r}; "
+          "'~' must be written '~0' and '/' inside a component '~1'"
+        )
+      out.append("~" if nxt == "0" else "/")
+      i += 2
+    else:
+      out.append(ch)
+      i += 1
+  return "".join(out)
+
+
+_SMALL_INTS = tuple(str(i) for i in range(4096))
+_DictKey = jax.tree_util.DictKey
+_GetAttrKey = jax.tree_util.GetAttrKey
+_SequenceKey = jax.tree_util.SequenceKey
+
+
+def _escaped(entry: Any) -> str:
+  """``escape_component(entry_to_component(entry))``, with the common cases inlined."""
+  t = type(entry)
+  if t is _DictKey:
+    k = entry.key
+  elif t is _GetAttrKey:
+    k = entry.name
+  elif t is _SequenceKey:
+    i = entry.idx
+    return _SMALL_INTS[i] if 0 <= i < 4096 else str(i)
+  else:
+    k = entry_to_component(entry)
+  if type(k) is not str:
+    k = entry_to_component(entry)
+  if not k or "~" in k or "/" in k:
+    return escape_component(k)
+  return k
+
+
+def path_to_name(path: Sequence[Any]) -> str:
+  """Converts a ``jax.tree_util`` key path to its canonical name.
+
+  Args:
+    path: a key path, as given by ``jax.tree_util.tree_flatten_with_path``.
+
+  Returns:
+    The components joined by ``/``, each escaped (``~`` → ``~0``, ``/`` → ``~1``, empty →
+    ``~2``); int keys give their decimal string; a trailing NNX ``value`` attribute is dropped.
+
+  Raises:
+    MalformedKeyError: for the empty path (a bare leaf at the root has no name).
+
+  Examples:
+    >>> import jax
+    >>> from paramreg_jax import path_to_name
+    >>> tree = {"encoder": [{"kernel": 1.0}], "a/b": 2.0}
+    >>> [path_to_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    ['a~1b', 'encoder/0/kernel']
+  """
+  if (
+    len(path) > 1
+    and type(path[-1]) is jax.tree_util.GetAttrKey
+    and path[-1].name in _NNX_VALUE_ATTRS
+  ):
+    path = path[:-1]
+  if not path:
+    raise errors.MalformedKeyError(
+      "a leaf at the root of the tree has no path, so it has no name; put it in a container "
+      "({'w': x}) or use by='position'"
+    )
+  return "/".join(map(_escaped, path))
+
+
+def name_to_path(name: str) -> tuple[str, ...]:
+  """Splits a canonical name into its raw (unescaped) components.
+
+  Args:
+    name: a name as produced by :func:`path_to_name`.
+
+  Returns:
+    The components, unescaped; ``name_to_path(path_to_name(p))`` gives ``p``'s components.
+
+  Raises:
+    MalformedKeyError: for an empty name, an empty component or a bad ``~`` escape.
+
+  Examples:
+    >>> from paramreg_jax import name_to_path
+    >>> name_to_path("encoder/0/a~1b")
+    ('encoder', '0', 'a/b')
+  """
+  if not isinstance(name, str) or not name:
+    raise errors.MalformedKeyError(f"a parameter name must be a non-empty string, got {name!r}")
+  return tuple(unescape_component(c, name=name) for c in name.split("/"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedKey:
+  """A validated canonical key: ``name`` for ``n:`` keys, ``index`` for ``p:`` keys."""
+
+  key: str
+  name: str | None = None
+  index: int | None = None
+
+
+def named_key(name: str) -> str:
+  """``n:<name>``, after checking that ``name`` follows the grammar."""
+  name_to_path(name)
+  return NAMED_KEY_PREFIX + name
+
+
+def indexed_key(index: int) -> str:
+  """``p:<index>`` for a non-negative index."""
+  if not 0 <= index <= MAX_POSITIONAL_INDEX:
+    raise errors.MalformedKeyError(
+      f"positional index {index} is outside [0, {MAX_POSITIONAL_INDEX}]"
+    )
+  return f"{INDEXED_KEY_PREFIX}{index}"
+
+
+def parse_key(key: str) -> ParsedKey:
+  """Parses and validates a canonical key (``n:<name>`` or ``p:<index>``).
+
+  Raises:
+    UnknownKeyPrefixError: for any prefix other than ``n:`` / ``p:``.
+    MalformedKeyError: for an empty or malformed name, or an index that is not canonical
+      (``p:``, ``p:007``, ``p:-1``, ``p:x``) or larger than ``MAX_POSITIONAL_INDEX``.
+  """
+  if not isinstance(key, str):
+    raise errors.UnknownKeyPrefixError(
+      f"unrecognised parameter key {key!r}: expected a string starting with 'n:' or 'p:'"
+    )
+  if key.startswith(NAMED_KEY_PREFIX):
+    name = key[len(NAMED_KEY_PREFIX) :]
+    name_to_path(name)
+    return ParsedKey(key, name=name)
+  if key.startswith(INDEXED_KEY_PREFIX):
+    digits = key[len(INDEXED_KEY_PREFIX) :]
+    if not _INDEX_RE.fullmatch(digits):
+      raise errors.MalformedKeyError(
+        f"malformed parameter key {key!r}: {digits!r} is not a canonical index "
+        "(decimal digits, no sign, no leading zeros)"
+      )
+    index = int(digits)
+    if index > MAX_POSITIONAL_INDEX:
+      raise errors.MalformedKeyError(
+        f"malformed parameter key {key!r}: index {index} exceeds the limit "
+        f"{MAX_POSITIONAL_INDEX}; the checkpoint key is corrupt"
+      )
+    return ParsedKey(key, index=index)
+  raise errors.UnknownKeyPrefixError(
+    f"unrecognised parameter key {key!r}: expected 'n:<name>' or 'p:<index>' "
+    "(raw addresses and other ad-hoc keys are not stable identities)"
+  )
+
+
+def is_canonical_key(key: Any) -> bool:
+  """Whether ``key`` is a valid canonical key (never raises)."""
+  try:
+    parse_key(key)
+  except errors.MalformedKeyError:
+    return False
+  return True
+
+
+def tree_names(tree: Any, *, is_leaf: Any = None) -> list[str]:
+  """Canonical names of the leaves of ``tree`` in flatten order (no collision check)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+  return [path_to_name(p) for p, _ in flat]

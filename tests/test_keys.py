@@ -1,0 +1,117 @@
+"""Key grammar: path_to_name / name_to_path / parse_key."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import paramreg_jax as prj
+from paramreg_jax._src import keys as keys_lib
+
+DK = jax.tree_util.DictKey
+GA = jax.tree_util.GetAttrKey
+SK = jax.tree_util.SequenceKey
+FK = jax.tree_util.FlattenedIndexKey
+
+
+def test_prefixes():
+  assert prj.NAMED_KEY_PREFIX == "n:"
+  assert prj.INDEXED_KEY_PREFIX == "p:"
+
+
+@pytest.mark.parametrize(
+  "path, name",
+  [
+    ((DK("a"),), "a"),
+    ((GA("a"), DK("b")), "a/b"),
+    ((SK(3),), "3"),
+    ((DK(3),), "3"),
+    ((DK("3"),), "3"),
+    ((FK(3),), "3"),
+    ((DK("a/b"), DK("c~d")), "a~1b/c~0d"),
+    ((DK(""),), "~2"),
+    ((DK("x"), DK(""), DK("y")), "x/~2/y"),
+    ((DK("layers"), DK(0), DK("kernel"), GA("value")), "layers/0/kernel"),
+    ((DK("layers"), DK(0), DK("kernel"), GA("raw_value")), "layers/0/kernel"),
+    ((DK("ü"), DK("n:x")), "ü/n:x"),
+  ],
+)
+def test_path_to_name(path, name):
+  assert prj.path_to_name(path) == name
+
+
+def test_root_leaf_has_no_name():
+  with pytest.raises(prj.MalformedKeyError, match=re.escape("use by='position'")):
+    prj.path_to_name(())
+
+
+@pytest.mark.parametrize("bad", ["", "a//b", "/a", "a/", "a~", "a~3b", "~"])
+def test_name_to_path_rejects_malformed(bad):
+  with pytest.raises(prj.MalformedKeyError):
+    prj.name_to_path(bad)
+
+
+_component = st.one_of(st.text(max_size=8), st.integers(min_value=0, max_value=10**6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_component, min_size=1, max_size=6))
+def test_round_trip(components):
+  path = tuple(DK(c) for c in components)
+  name = prj.path_to_name(path)
+  assert prj.name_to_path(name) == tuple(str(c) for c in components)
+  assert keys_lib.parse_key("n:" + name).name == name
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+  st.lists(
+    st.lists(st.text(max_size=4), min_size=1, max_size=4), min_size=2, max_size=6, unique_by=tuple
+  )
+)
+def test_distinct_paths_never_collide(paths):
+  names = {prj.path_to_name(tuple(DK(c) for c in p)) for p in paths}
+  assert len(names) == len(paths)
+
+
+def test_tree_names_for_real_trees():
+  tree = {"enc": [{"w": jnp.ones(1)}, {"w": jnp.ones(1)}], "b": (jnp.ones(1),)}
+  assert keys_lib.tree_names(tree) == ["b/0", "enc/0/w", "enc/1/w"]
+
+
+@pytest.mark.parametrize(
+  "key, message",
+  [
+    (
+      "0x7f9c2a001234",
+      "unrecognised parameter key '0x7f9c2a001234': expected 'n:<name>' or 'p:<index>'",
+    ),
+    ("p:", "malformed parameter key 'p:': '' is not a canonical index"),
+    ("p:007", "malformed parameter key 'p:007': '007' is not a canonical index"),
+    ("p:-1", "malformed parameter key 'p:-1'"),
+    ("p:x", "malformed parameter key 'p:x'"),
+    ("p:99999999999", "exceeds the limit"),
+    ("n:", "a parameter name must be a non-empty string"),
+  ],
+)
+def test_parse_key_errors_golden(key, message):
+  with pytest.raises(prj.MalformedKeyError, match=re.escape(message)):
+    keys_lib.parse_key(key)
+
+
+def test_unknown_prefix_is_its_own_class():
+  with pytest.raises(prj.UnknownKeyPrefixError):
+    keys_lib.parse_key("m:foo")
+  assert issubclass(prj.UnknownKeyPrefixError, prj.ParamRegError)
+  assert issubclass(prj.ParamRegError, ValueError)
+
+
+def test_parse_key_valid():
+  assert keys_lib.parse_key("p:0").index == 0
+  assert keys_lib.parse_key("p:12").index == 12
+  assert keys_lib.parse_key("n:a~1b/c").name == "a~1b/c"
+  assert keys_lib.is_canonical_key("n:x") and not keys_lib.is_canonical_key("x")
