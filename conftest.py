@@ -1,4 +1,8 @@
-"""Shared test set-up: 8 virtual CPU devices and strict dtype promotion, before jax loads."""
+"""Shared test set-up: 8 virtual CPU devices, before jax loads.
+
+Strict dtype promotion is a fixture (``strict_promotion``), not global: optax's own
+bias-correction code mixes int counts with floats and fails under it.
+"""
 
 import os
 
@@ -10,11 +14,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import pytest
 
-jax.config.update("jax_numpy_dtype_promotion", "strict")
-
 
 @pytest.fixture(scope="session")
 def devices():
   devs = jax.devices()
   assert len(devs) == 8, f"expected 8 virtual CPU devices, got {len(devs)}"
   return devs
+
+
+@pytest.fixture
+def strict_promotion():
+  with jax.numpy_dtype_promotion("strict"):
+    yield

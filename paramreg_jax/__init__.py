@@ -10,12 +10,21 @@ from paramreg_jax._src.errors import NamedSlotHijackError
 from paramreg_jax._src.errors import OrderingContractError
 from paramreg_jax._src.errors import ParamRegError
 from paramreg_jax._src.errors import PatternError
+from paramreg_jax._src.errors import ReconcileError
 from paramreg_jax._src.errors import ShapeMismatchError
+from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
+from paramreg_jax._src.keyed import KeyedSlots
+from paramreg_jax._src.keyed import keyed
+from paramreg_jax._src.keyed import state_keys
 from paramreg_jax._src.keys import INDEXED_KEY_PREFIX
 from paramreg_jax._src.keys import NAMED_KEY_PREFIX
 from paramreg_jax._src.keys import name_to_path
 from paramreg_jax._src.keys import path_to_name
+from paramreg_jax._src.patterns import label_by_pattern
+from paramreg_jax._src.patterns import mask_by_pattern
+from paramreg_jax._src.reconcile import SurgeryReport
+from paramreg_jax._src.reconcile import reconcile
 from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
@@ -27,6 +36,7 @@ __all__ = (
   "INDEXED_KEY_PREFIX",
   "NAMED_KEY_PREFIX",
   "KeyCollisionError",
+  "KeyedSlots",
   "MalformedKeyError",
   "NamedSlotHijackError",
   "OrderingContractError",
@@ -34,10 +44,18 @@ __all__ = (
   "ParamRegError",
   "ParamRegistry",
   "PatternError",
+  "ReconcileError",
   "ShapeMismatchError",
+  "StateMismatchError",
+  "SurgeryReport",
   "UnknownKeyPrefixError",
   "assign_ids",
   "assign_keys",
+  "keyed",
+  "label_by_pattern",
+  "mask_by_pattern",
   "name_to_path",
   "path_to_name",
+  "reconcile",
+  "state_keys",
 )

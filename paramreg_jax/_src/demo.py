@@ -12,9 +12,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 
 from paramreg_jax._src import errors
+from paramreg_jax._src import keyed as keyed_lib
+from paramreg_jax._src import reconcile as reconcile_lib
 from paramreg_jax._src import registry
 
 
@@ -73,10 +77,77 @@ def chapter_registry(params: Any) -> registry.ParamRegistry:
   return reg
 
 
+def train(model: MLP, tx: Any, state: Any, steps: int) -> tuple[Any, float]:
+  """A few jitted SGD steps on a fixed regression batch; returns the new state and the loss."""
+  graphdef, params = nnx.split(model, nnx.Param)[:2]
+  x = jnp.linspace(-1.0, 1.0, 32 * 4).reshape(32, 4)
+  y = jnp.stack([jnp.sin(x.sum(1)), jnp.cos(x.sum(1))], axis=1)
+
+  @jax.jit
+  def step(params, state):
+    def loss_fn(p):
+      out = nnx.merge(graphdef, p, nnx.state(model, nnx.Not(nnx.Param)))(x)
+      return jnp.mean((out - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  loss = jnp.inf
+  for _ in range(steps):
+    params, state, loss = step(params, state)
+  nnx.update(model, params)
+  return state, float(loss)
+
+
+def chapter_keyed(workdir: str) -> None:
+  say(
+    "3. Optimizer state keyed by parameter, surviving model surgery",
+    """
+    keyed(tx) wraps any optax transformation; its moments are stored by canonical key
+    and its updates are bit-identical to tx's.
+    """,
+  )
+  tx = keyed_lib.keyed(optax.adamw(3e-2))
+  model = MLP((4, 16, 2), rngs=nnx.Rngs(0))
+  state = tx.init(nnx.state(model, nnx.Param))
+  state, loss = train(model, tx, state, 60)
+  print(f"   trained 60 steps, loss {loss:.4f}; adam moments for: {sorted(state[0].mu)[:2]} ...")
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(f"{workdir}/opt", state)
+  ckpt.wait_until_finished()
+  print(f"   saved the optimizer state with orbax to {workdir}/opt")
+
+  say(
+    "4. Model surgery: insert a hidden layer, then resume",
+    "The checkpoint is restored without a target (the old model is gone) and reconciled by key.",
+  )
+  bigger = MLP((4, 16, 16, 2), rngs=nnx.Rngs(1))
+  # Keep the trained first layer; the old output layer (layers/1) becomes layers/2.
+  old = nnx.state(model, nnx.Param)
+  new = nnx.state(bigger, nnx.Param)
+  new["layers"][0] = old["layers"][0]
+  new["layers"][2] = old["layers"][1]
+  nnx.update(bigger, new)
+  raw = ckpt.restore(f"{workdir}/opt")
+  rename = {f"n:layers/1/{leaf}": f"n:layers/2/{leaf}" for leaf in ("kernel", "bias")}
+  try:
+    reconcile_lib.reconcile(tx, raw, new)
+  except errors.ReconcileError as e:
+    first = str(e).splitlines()
+    print("   without a rename, the moved layer's moments do not fit its new slot:")
+    print("\n".join("     " + line for line in first[:4]))
+  state, report = reconcile_lib.reconcile(tx, raw, new, rename=rename)
+  print("   with rename={'n:layers/1/*': 'n:layers/2/*'}:")
+  print(textwrap.indent(str(report), "   "))
+  state, loss = train(bigger, tx, state, 40)
+  print(f"   resumed: 40 more steps on the bigger model, loss {loss:.4f}")
+
+
 def run(*, workdir: str | None = None) -> None:
   """Runs every chapter of the demo and prints what happens."""
   with tempfile.TemporaryDirectory() as tmp:
-    del workdir, tmp  # checkpoints arrive with the checkpoint chapters
+    workdir = workdir or tmp
     say(
       "paramreg_jax demo",
       f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} devices",
@@ -84,6 +155,5 @@ def run(*, workdir: str | None = None) -> None:
     model = MLP((4, 16, 2), rngs=nnx.Rngs(0))
     params = nnx.state(model, nnx.Param)
     chapter_registry(params)
-    x = jnp.ones((2, 4))
-    print(f"\n   model output shape: {model(x).shape}")
+    chapter_keyed(workdir)
     say("done")

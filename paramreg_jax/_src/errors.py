@@ -49,6 +49,17 @@ class PatternError(ParamRegError):
   """A glob rule matched nothing, or a parameter matched no rule."""
 
 
+# --- keyed optimizer state -----------------------------------------------------------------
+
+
+class StateMismatchError(ParamRegError):
+  """A keyed optimizer state is used with parameters it was not built for."""
+
+
+class ReconcileError(ParamRegError):
+  """A keyed optimizer state cannot be fitted to the new parameters as asked."""
+
+
 def bullet_list(lines: Iterable[str]) -> str:
   """Formats collected failures as an indented bullet list (one helper for every report)."""
   return "".join(f"\n  - {line}" for line in lines)

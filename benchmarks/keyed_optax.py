@@ -1,0 +1,83 @@
+"""Jitted keyed(adamw) step time / jitted adamw step time, as a ratio in one run.
+
+Run: python benchmarks/keyed_optax.py [--leaves 500] [--params 50e6] [--steps 20]
+Target (issue 3): ratio <= 1.02 (the keyed layout is pure restructuring and compiles away).
+Also reports the host time of the first (tracing + compiling) call, keyed vs plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import paramreg_jax as prj
+
+
+def make_params(n_leaves: int, n_params: float):
+  per_leaf = max(1, int(n_params) // n_leaves)
+  width = 256
+  rows = max(1, per_leaf // width)
+  keys = jax.random.split(jax.random.key(0), n_leaves)
+  return {
+    f"block_{i // 10}": {f"w{k}": jax.random.normal(keys[i + k], (rows, width)) for k in range(10)}
+    for i in range(0, n_leaves, 10)
+  }
+
+
+def bench(tx, params, steps: int):
+  def step_fn(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(step_fn, donate_argnums=(0, 1))
+  state = tx.init(params)
+  grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
+  params = jax.tree.map(jnp.copy, params)
+  t0 = time.perf_counter()
+  params, state = step(params, state, grads)
+  jax.block_until_ready(params)
+  first = time.perf_counter() - t0
+  for _ in range(3):  # warm-up
+    params, state = step(params, state, grads)
+  jax.block_until_ready(params)
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    params, state = step(params, state, grads)
+    jax.block_until_ready(params)
+    times.append(time.perf_counter() - t0)
+  return first, times
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--leaves", type=int, default=500)
+  ap.add_argument("--params", type=float, default=50e6)
+  ap.add_argument("--steps", type=int, default=20)
+  args = ap.parse_args()
+  params = make_params(args.leaves, args.params)
+  n = sum(x.size for x in jax.tree.leaves(params))
+  print(
+    f"{len(jax.tree.leaves(params))} leaves, {n / 1e6:.1f}M parameters, {args.steps} timed steps"
+  )
+  first_plain, plain = bench(optax.adamw(1e-3), params, args.steps)
+  first_keyed, keyed = bench(prj.keyed(optax.adamw(1e-3)), params, args.steps)
+  # interleave a second round to cancel drift on a noisy machine
+  _, plain2 = bench(optax.adamw(1e-3), params, args.steps)
+  _, keyed2 = bench(prj.keyed(optax.adamw(1e-3)), params, args.steps)
+  mp, mk = statistics.median(plain + plain2), statistics.median(keyed + keyed2)
+  print(
+    f"step (median): adamw {mp * 1e3:.1f} ms, keyed(adamw) {mk * 1e3:.1f} ms, ratio {mk / mp:.3f} (target <= 1.02)"
+  )
+  print(
+    f"first call (trace + compile): adamw {first_plain:.2f} s, keyed {first_keyed:.2f} s, ratio {first_keyed / first_plain:.2f}"
+  )
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,27 @@
+"""Every ```python block of the README runs as written (in a temp dir)."""
+
+import pathlib
+import re
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_block_runs(index, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  code = BLOCKS[index].replace('"/tmp/', f'"{tmp_path}/')
+  exec(compile(code, f"README.md block {index}", "exec"), {})
+
+
+def test_readme_has_the_two_setup_commands():
+  text = README.read_text()
+  assert "pip install -e . && .venv/bin/python -m paramreg_jax demo" in text
+  assert 'pip install -e ".[test]" && .venv/bin/python -m pytest' in text
+  ci = (README.parent / ".ci" / "run").read_text()
+  assert (
+    'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m pytest'
+    in ci
+  )

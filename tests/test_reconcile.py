@@ -1,0 +1,363 @@
+"""reconcile(): model surgery keeps surviving state bit-exact and reports every key."""
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import paramreg_jax as prj
+
+
+class Net(nnx.Module):
+  def __init__(self, widths, *, head="head", rngs):
+    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])])
+    setattr(self, head, nnx.Linear(widths[-1], 2, rngs=rngs))
+    self._head = head
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = jax.nn.relu(layer(x))
+    return getattr(self, self._head)(x)
+
+
+def params_of(widths, head="head", seed=0):
+  return nnx.state(Net(widths, head=head, rngs=nnx.Rngs(seed)), nnx.Param)
+
+
+def trained_state(tx, params, steps=3):
+  state = tx.init(params)
+  for i in range(steps):
+    grads = jax.tree.map(lambda p: jnp.cos(p + i), params)
+    _, state = tx.update(grads, state, params)
+  return state
+
+
+def slot_values(state, slot="mu"):
+  """{key: leaf} of the named KeyedSlots of a keyed adam state."""
+  return dict(getattr(state[0], slot).items())
+
+
+TX = prj.keyed(optax.adam(1e-2))
+
+
+def assert_kept_bit_exact(old, new, keys):
+  for slot in ("mu", "nu"):
+    o, n = slot_values(old, slot), slot_values(new, slot)
+    for k in keys:
+      chex.assert_trees_all_equal(o[k], n[k])
+
+
+def test_nothing_changed_keeps_everything_and_allocates_nothing(monkeypatch):
+  params = params_of((4, 8))
+  state = trained_state(TX, params)
+  calls = []
+  real_init = TX.init
+  concrete = lambda p: not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(p))  # noqa: E731
+  tx = optax.GradientTransformationExtraArgs(
+    lambda p: (calls.append(concrete(p)), real_init(p))[1], TX.update
+  )
+  tx.init.__paramreg_keyed__ = optax.adam(0.01), "name"
+  new, report = prj.reconcile(tx, state, params)
+  assert not report.changed and len(report.kept) == 4
+  chex.assert_trees_all_equal(new, state)
+  assert calls == [False]  # init only ran abstractly (jax.eval_shape): no state allocated
+
+
+def test_add_a_layer():
+  old_params, new_params = params_of((4, 8)), params_of((4, 8, 8))
+  state = trained_state(TX, old_params)
+  new, report = prj.reconcile(TX, state, new_params)
+  assert report.added == ("n:layers/1/bias", "n:layers/1/kernel")
+  assert report.kept == ("n:head/bias", "n:head/kernel", "n:layers/0/bias", "n:layers/0/kernel")
+  assert report.dropped == report.reinitialized == ()
+  assert_kept_bit_exact(state, new, report.kept)
+  chex.assert_trees_all_equal(slot_values(new)["n:layers/1/kernel"], jnp.zeros((8, 8)))
+  assert new[0].count == state[0].count
+  TX.update(jax.tree.map(jnp.ones_like, new_params), new, new_params)  # usable
+
+
+def test_remove_a_layer():
+  state = trained_state(TX, params_of((4, 8, 8)))
+  new, report = prj.reconcile(TX, state, params_of((4, 8)))
+  assert report.dropped == ("n:layers/1/bias", "n:layers/1/kernel") and report.added == ()
+  assert_kept_bit_exact(state, new, report.kept)
+  with pytest.raises(
+    prj.ReconcileError,
+    match=re.escape(
+      "2 state key(s) have no parameter (on_unexpected='error'): n:layers/1/bias, n:layers/1/kernel"
+    ),
+  ):
+    prj.reconcile(TX, state, params_of((4, 8)), on_unexpected="error")
+
+
+def test_rename_a_module():
+  state = trained_state(TX, params_of((4, 8)))
+  new_params = params_of((4, 8), head="readout")
+  _, report = prj.reconcile(TX, state, new_params)
+  assert report.added == ("n:readout/bias", "n:readout/kernel")
+  assert report.dropped == ("n:head/bias", "n:head/kernel")
+  # with a rename the moments follow their weights
+  new, report = prj.reconcile(
+    TX, state, new_params, rename=lambda k: k.replace("n:head/", "n:readout/")
+  )
+  assert report.added == report.dropped == ()
+  assert report.renamed == (
+    ("n:head/bias", "n:readout/bias"),
+    ("n:head/kernel", "n:readout/kernel"),
+  )
+  for slot in ("mu", "nu"):
+    chex.assert_trees_all_equal(
+      slot_values(new, slot)["n:readout/kernel"], slot_values(state, slot)["n:head/kernel"]
+    )
+
+
+def test_reorder_a_list_of_layers():
+  state = trained_state(TX, params_of((4, 4, 4)))
+  swap = {
+    "n:layers/0/kernel": "n:layers/1/kernel",
+    "n:layers/1/kernel": "n:layers/0/kernel",
+    "n:layers/0/bias": "n:layers/1/bias",
+    "n:layers/1/bias": "n:layers/0/bias",
+  }
+  new, report = prj.reconcile(TX, state, params_of((4, 4, 4)), rename=swap)
+  assert len(report.renamed) == 4 and not report.added and not report.dropped
+  chex.assert_trees_all_equal(
+    slot_values(new)["n:layers/0/kernel"], slot_values(state)["n:layers/1/kernel"]
+  )
+  with pytest.raises(prj.ReconcileError, match="rename maps several old keys to n:layers/1/kernel"):
+    prj.reconcile(
+      TX, state, params_of((4, 4, 4)), rename={"n:layers/0/kernel": "n:layers/1/kernel"}
+    )
+
+
+def test_freeze_a_subtree():
+  params = params_of((4, 8))
+
+  def tx_for(frozen):
+    rules = {"layers/**": "frozen" if frozen else "train", "**": "train"}
+    return prj.keyed(
+      optax.partition(
+        {"train": optax.adam(1e-2), "frozen": optax.set_to_zero()},
+        prj.label_by_pattern(params, rules, require_all_used=False),
+      )
+    )
+
+  state = trained_state(tx_for(False), params)
+  new, report = prj.reconcile(tx_for(True), state, params)
+  assert report.dropped == ("n:layers/0/bias", "n:layers/0/kernel")
+  assert report.kept == ("n:head/bias", "n:head/kernel")
+  assert prj.state_keys(new) == {"n:head/bias", "n:head/kernel"}
+
+
+def test_change_a_width_is_never_silent():
+  state = trained_state(TX, params_of((4, 8)))
+  with pytest.raises(prj.ReconcileError) as info:
+    prj.reconcile(TX, state, params_of((4, 16)))
+  msg = str(info.value)
+  assert msg.startswith(
+    "cannot reconcile the optimizer state with the new parameters; nothing was changed:"
+  )
+  assert "3 parameter(s) changed shape or dtype; pass on_shape_mismatch='init'" in msg
+  assert (
+    "n:layers/0/kernel: state 0/mu has (4, 8) float32, the new parameters need (4, 16) float32"
+    in msg
+  )
+  assert (
+    "n:head/kernel: state 0/nu has (8, 2) float32, the new parameters need (16, 2) float32" in msg
+  )
+  new, report = prj.reconcile(TX, state, params_of((4, 16)), on_shape_mismatch="init")
+  assert report.reinitialized == ("n:head/kernel", "n:layers/0/bias", "n:layers/0/kernel")
+  assert report.kept == ("n:head/bias",)
+  chex.assert_trees_all_equal(slot_values(new)["n:layers/0/kernel"], jnp.zeros((4, 16)))
+
+
+def test_on_missing_error():
+  state = trained_state(TX, params_of((4, 8)))
+  with pytest.raises(
+    prj.ReconcileError,
+    match=re.escape(
+      "2 new parameter(s) have no state (on_missing='error'): n:layers/1/bias, n:layers/1/kernel"
+    ),
+  ):
+    prj.reconcile(TX, state, params_of((4, 8, 8)), on_missing="error")
+
+
+def test_changed_optimizer_is_refused():
+  state = trained_state(TX, params_of((4, 8)))
+  other = prj.keyed(optax.chain(optax.clip(1.0), optax.adam(1e-2)))
+  with pytest.raises(prj.ReconcileError, match="non-parameter state"):
+    prj.reconcile(other, state, params_of((4, 8)))
+
+
+def test_needs_the_keyed_transformation_and_valid_options():
+  params = params_of((4, 8))
+  with pytest.raises(TypeError, match=re.escape("pass paramreg_jax.keyed(tx)")):
+    prj.reconcile(optax.adam(1e-2), TX.init(params), params)
+  with pytest.raises(ValueError, match="on_missing must be one of"):
+    prj.reconcile(TX, TX.init(params), params, on_missing="drop")
+
+
+def test_report_renders():
+  report = prj.SurgeryReport(kept=("n:a",), added=("n:b",), dropped=("n:c",), reinitialized=())
+  assert str(report).splitlines() == [
+    "SurgeryReport: 1 kept, 1 added, 1 dropped, 0 re-initialised",
+    "  kept:          n:a",
+    "  added:         n:b",
+    "  dropped:       n:c",
+  ]
+  html = report._repr_html_()
+  assert "<table>" in html and "n:b" in html
+  with pytest.raises(AttributeError):
+    report.kept = ()  # frozen
+
+
+# --- property: random surgery on random nested trees ---------------------------------------
+
+_shape = st.sampled_from([(), (2,), (3,), (2, 3)])
+
+
+@st.composite
+def surgery_case(draw):
+  names = draw(
+    st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), min_size=1, max_size=5, unique=True)
+  )
+  groups = {n: draw(st.sampled_from(["g", "h"])) for n in names}
+  old = {n: draw(_shape) for n in names}
+  new = dict(old)
+  renames = {}
+  for op in draw(st.lists(st.sampled_from(["add", "remove", "rename", "resize"]), max_size=4)):
+    if op == "add":
+      name = draw(st.sampled_from(["u", "v", "w", "x"]))
+      if name not in new and name not in renames.values():
+        new[name] = draw(_shape)
+        groups[name] = draw(st.sampled_from(["g", "h"]))
+    elif op == "remove" and len(new) > 1:
+      del new[draw(st.sampled_from(sorted(new)))]
+    elif op == "rename" and new:
+      src = draw(st.sampled_from(sorted(new)))
+      dst = src.upper()
+      if src in old and dst not in new and src not in renames:
+        new[dst] = new.pop(src)
+        groups[dst] = groups[src]
+        renames[src] = dst
+    elif op == "resize" and new:
+      name = draw(st.sampled_from(sorted(new)))
+      new[name] = (4,) if new[name] != (4,) else (5,)
+  return old, new, groups, renames
+
+
+def build(spec, groups, offset=0.0):
+  tree = {}
+  for i, (name, shape) in enumerate(sorted(spec.items())):
+    tree.setdefault(groups[name], {})[name] = jnp.full(shape, i + offset, jnp.float32)
+  return tree
+
+
+@settings(max_examples=40, deadline=None)
+@given(surgery_case())
+def test_random_surgery_keeps_invariants(case):
+  old_spec, new_spec, groups, renames = case
+  old_params, new_params = build(old_spec, groups), build(new_spec, groups, 100.0)
+  tx = prj.keyed(optax.adam(1e-2))
+  state = trained_state(tx, old_params, steps=2)
+  key = lambda n: f"n:{groups[n]}/{n}"  # noqa: E731
+  rename = {key(s): key(d) for s, d in renames.items()}
+  old_keys = {rename.get(key(n), key(n)): n for n in old_spec}
+  new_keys = {key(n): n for n in new_spec}
+  resized = sorted(
+    k for k in set(old_keys) & set(new_keys) if old_spec[old_keys[k]] != new_spec[new_keys[k]]
+  )
+  if resized:
+    with pytest.raises(prj.ReconcileError) as info:
+      prj.reconcile(tx, state, new_params, rename=rename)
+    for k in resized:
+      assert f"{k}: state" in str(info.value)
+    new, report = prj.reconcile(tx, state, new_params, rename=rename, on_shape_mismatch="init")
+  else:
+    new, report = prj.reconcile(tx, state, new_params, rename=rename)
+  assert report.added == tuple(sorted(set(new_keys) - set(old_keys)))
+  assert report.dropped == tuple(sorted(set(old_keys) - set(new_keys)))
+  assert report.reinitialized == tuple(resized)
+  assert report.kept == tuple(sorted(set(old_keys) & set(new_keys) - set(resized)))
+  inverse = {v: k for k, v in rename.items()}
+  for slot in ("mu", "nu"):
+    for k in report.kept:
+      chex.assert_trees_all_equal(
+        slot_values(new, slot)[k], slot_values(state, slot)[inverse.get(k, k)]
+      )
+  assert prj.state_keys(new) == set(new_keys)
+  tx.update(jax.tree.map(jnp.ones_like, new_params), new, new_params)
+
+
+# --- resume equivalence across processes ----------------------------------------------------
+
+RESUME_SCRIPT = textwrap.dedent(
+  """
+  import sys, json
+  import jax, jax.numpy as jnp, numpy as np, optax
+  import orbax.checkpoint as ocp
+  import paramreg_jax as prj
+  path, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+  tx = prj.keyed(optax.adamw(1e-2))
+  ckpt = ocp.StandardCheckpointer()
+  params = ckpt.restore(path + "/params")
+  raw_state = ckpt.restore(path + "/opt")
+  state, report = prj.reconcile(tx, raw_state, params)
+  assert not report.changed, str(report)
+  step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(*tx.update(g, s, p)))
+  for i in range(steps):
+    grads = jax.tree.map(lambda p: jnp.sin(p * 3.0), params)
+    params, state = step(params, state, grads)
+  np.savez(out, **{k: np.asarray(v) for k, v in zip(json.loads(sys.argv[4]), jax.tree.leaves(params))})
+  """
+)
+
+
+def test_resume_in_a_new_process_is_bit_exact(tmp_path):
+  params = {
+    "dense": {"kernel": jnp.linspace(-1, 1, 12).reshape(3, 4), "bias": jnp.zeros(4)},
+    "out": jnp.ones(4),
+  }
+  tx = prj.keyed(optax.adamw(1e-2))
+  step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(*tx.update(g, s, p)))
+  state = tx.init(params)
+  p = params
+  for _ in range(3):
+    p, state = step(p, state, jax.tree.map(lambda x: jnp.sin(x * 3.0), p))
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(tmp_path / "ck" / "params", p)
+  ckpt.save(tmp_path / "ck" / "opt", state)
+  ckpt.wait_until_finished()
+  for _ in range(4):
+    p, state = step(p, state, jax.tree.map(lambda x: jnp.sin(x * 3.0), p))
+  names = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(p)[0]]
+  script = tmp_path / "resume.py"
+  script.write_text(RESUME_SCRIPT)
+  subprocess.run(
+    [
+      sys.executable,
+      str(script),
+      str(tmp_path / "ck"),
+      str(tmp_path / "out.npz"),
+      "4",
+      json.dumps(names),
+    ],
+    check=True,
+    timeout=300,
+  )
+  resumed = np.load(tmp_path / "out.npz")
+  for name, leaf in zip(names, jax.tree.leaves(p)):
+    np.testing.assert_array_equal(resumed[name], np.asarray(leaf), err_msg=name)
