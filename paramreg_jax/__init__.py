@@ -10,9 +10,11 @@ from paramreg_jax._src.errors import NamedSlotHijackError
 from paramreg_jax._src.errors import OrderingContractError
 from paramreg_jax._src.errors import ParamRegError
 from paramreg_jax._src.errors import PatternError
+from paramreg_jax._src.errors import RecipeError
 from paramreg_jax._src.errors import ReconcileError
 from paramreg_jax._src.errors import ShapeMismatchError
 from paramreg_jax._src.errors import StateMismatchError
+from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
 from paramreg_jax._src.keyed import KeyedSlots
 from paramreg_jax._src.keyed import keyed
@@ -29,25 +31,45 @@ from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
 from paramreg_jax._src.registry import assign_keys
+from paramreg_jax._src.selection import Full
+from paramreg_jax._src.selection import Indices
+from paramreg_jax._src.selection import Range
+from paramreg_jax._src.source import CheckpointLease
+from paramreg_jax._src.source import CheckpointSource
+from paramreg_jax._src.source import TensorMetadata
+from paramreg_jax._src.sources.memory import MemorySource
+from paramreg_jax._src.sources.orbax import OrbaxSource
+from paramreg_jax._src.sources.safetensors import SafetensorsSource
 
 __version__ = "0.1.0.dev0"
 
 __all__ = (
   "INDEXED_KEY_PREFIX",
   "NAMED_KEY_PREFIX",
+  "CheckpointLease",
+  "CheckpointSource",
+  "Full",
+  "Indices",
   "KeyCollisionError",
   "KeyedSlots",
   "MalformedKeyError",
+  "MemorySource",
   "NamedSlotHijackError",
+  "OrbaxSource",
   "OrderingContractError",
   "ParamId",
   "ParamRegError",
   "ParamRegistry",
   "PatternError",
+  "Range",
+  "RecipeError",
   "ReconcileError",
+  "SafetensorsSource",
   "ShapeMismatchError",
   "StateMismatchError",
+  "StoreError",
   "SurgeryReport",
+  "TensorMetadata",
   "UnknownKeyPrefixError",
   "assign_ids",
   "assign_keys",

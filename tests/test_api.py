@@ -2,11 +2,16 @@
 
 import inspect
 
+import pytest
+
 import paramreg_jax
+import paramreg_jax.recipes
+import paramreg_jax.sources
 
 
-def test_all_is_sorted_and_unique():
-  names = list(paramreg_jax.__all__)
+@pytest.mark.parametrize("module", [paramreg_jax], ids=lambda m: m.__name__)
+def test_all_is_sorted_and_unique(module):
+  names = list(module.__all__)
 
   # isort-style (what ruff's RUF022 enforces): CONSTANTS, then Classes, then functions.
   def kind(name):
@@ -16,10 +21,14 @@ def test_all_is_sorted_and_unique():
   assert len(names) == len(set(names))
 
 
-def test_every_name_is_importable_and_documented():
+MODULES = [paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_name_is_importable_and_documented(module):
   undocumented, no_examples = [], []
-  for name in paramreg_jax.__all__:
-    obj = getattr(paramreg_jax, name)
+  for name in module.__all__:
+    obj = getattr(module, name)
     if isinstance(obj, str):
       continue  # constants
     doc = inspect.getdoc(obj) or ""

@@ -60,6 +60,126 @@ class ReconcileError(ParamRegError):
   """A keyed optimizer state cannot be fitted to the new parameters as asked."""
 
 
+# --- checkpoint sources (the store) ---------------------------------------------------------
+
+
+class StoreError(ParamRegError):
+  """A checkpoint source cannot serve a request (unknown key, malformed file, unsafe path)."""
+
+
+class UnknownTensorError(StoreError, KeyError):
+  """A key is not in the checkpoint."""
+
+  def __str__(self) -> str:  # KeyError would repr() the message
+    return str(self.args[0]) if self.args else ""
+
+
+class MalformedSafetensorsError(StoreError):
+  """A safetensors file is truncated, has a bad header, bad offsets or an unknown dtype."""
+
+
+class MalformedIndexError(StoreError):
+  """A sharded safetensors index (``model.safetensors.index.json``) is malformed."""
+
+
+class UnsafeShardPathError(StoreError):
+  """A shard index points outside its directory (``../``, absolute paths, links out)."""
+
+
+class MissingShardError(StoreError):
+  """A shard named by an index does not exist."""
+
+
+class ContradictoryIndexMappingError(StoreError):
+  """An index maps a tensor to a shard that does not hold it, or two shards hold it."""
+
+
+class InvalidRegionError(StoreError):
+  """A read region (tuple of slices) is out of bounds or strided."""
+
+
+class SourceIOError(StoreError, OSError):
+  """Reading payload bytes failed (I/O error, corrupt data)."""
+
+
+# --- recipes -----------------------------------------------------------------------------
+
+
+class RecipeError(ParamRegError):
+  """A derived-weight recipe is invalid for its source; names the recipe node."""
+
+
+class EmptySourceKeyError(RecipeError):
+  """``source('')``: a source key must be a non-empty string."""
+
+
+class UnknownSourceKeyError(RecipeError, KeyError):
+  """A recipe reads a key the checkpoint does not have."""
+
+  def __str__(self) -> str:
+    return str(self.args[0]) if self.args else ""
+
+
+class SelectionError(RecipeError):
+  """Root of invalid tensor selections."""
+
+
+class InvalidSelectionAxisError(SelectionError):
+  """A selection axis is not below the tensor's rank."""
+
+
+class InvalidRangeError(SelectionError):
+  """A ``Range`` is empty, negative or past the end of its axis."""
+
+
+class InvalidIndicesError(SelectionError):
+  """``Indices`` are empty, negative or past the end of their axis."""
+
+
+class EmptyInputsError(RecipeError):
+  """``concatenate``/``stack`` of no inputs."""
+
+
+class DtypeMismatchError(RecipeError):
+  """Joined inputs have different dtypes."""
+
+
+class RecipeShapeMismatchError(RecipeError):
+  """Joined inputs have incompatible shapes."""
+
+
+class InvalidJoinAxisError(RecipeError):
+  """The join axis is out of range (``>= rank`` to concatenate, ``> rank`` to stack)."""
+
+
+class ElementCountMismatchError(RecipeError):
+  """``reshape`` changes the element count."""
+
+
+class InvalidPermutationError(RecipeError):
+  """``transpose`` axes are not a permutation of ``0..rank-1``."""
+
+
+class ByteCountMismatchError(RecipeError):
+  """``view`` changes the byte count."""
+
+
+class ZeroSizedOutputError(RecipeError):
+  """A recipe produces zero bytes."""
+
+
+class UnsupportedDtypeError(RecipeError):
+  """A dtype a recipe cannot represent (object, string, ...), or an op it cannot apply."""
+
+
+class RecipeSetError(RecipeError):
+  """A ``RecipeSet``, ``fused_split`` or ``rename`` declaration is invalid."""
+
+
+class AliasError(RecipeSetError):
+  """An alias declaration is invalid (empty, unknown destination, collision, cycle)."""
+
+
 def bullet_list(lines: Iterable[str]) -> str:
   """Formats collected failures as an indented bullet list (one helper for every report)."""
   return "".join(f"\n  - {line}" for line in lines)

@@ -1,0 +1,213 @@
+"""The checkpoint-source protocol, tensor metadata, and bounded reads (leases).
+
+A :class:`CheckpointSource` is a catalog: ``keys()`` and ``metadata(key)`` never read payload
+bytes. ``lease(key, selection)`` hands out a :class:`CheckpointLease`, a handle on one tensor
+selection whose ``read(index)`` reads **only** the requested region. Every physical read is
+counted in ``source.stats`` so tests and benchmarks can assert what was touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src import selection as sel_lib
+
+
+def nbytes_of(shape: Sequence[int], dtype: Any) -> int:
+  size = 1
+  for d in shape:
+    size *= int(d)
+  return size * np.dtype(dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMetadata:
+  """What a checkpoint says about one tensor, known without reading it.
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax.sources import TensorMetadata
+    >>> TensorMetadata((2, 3), np.float32)
+    TensorMetadata(shape=(2, 3), dtype=dtype('float32'), nbytes=24)
+  """
+
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  nbytes: int = -1
+
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+    object.__setattr__(self, "dtype", np.dtype(self.dtype))
+    if self.nbytes < 0:
+      object.__setattr__(self, "nbytes", nbytes_of(self.shape, self.dtype))
+
+  def __str__(self) -> str:
+    return f"{self.shape} {self.dtype.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStats:
+  """Physical payload reads of a source so far (a snapshot).
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax.sources import MemorySource
+    >>> src = MemorySource({"w": np.ones((4, 2), np.float32)})
+    >>> _ = src.lease("w").read((slice(0, 1),))
+    >>> src.stats
+    SourceStats(reads=1, bytes_read=8)
+  """
+
+  reads: int = 0
+  bytes_read: int = 0
+
+  def __sub__(self, other: SourceStats) -> SourceStats:
+    return SourceStats(self.reads - other.reads, self.bytes_read - other.bytes_read)
+
+
+@runtime_checkable
+class CheckpointSource(Protocol):
+  """A checkpoint catalog that hands out bounded reads.
+
+  Implementations: :class:`~paramreg_jax.sources.OrbaxSource`,
+  :class:`~paramreg_jax.sources.SafetensorsSource`, :class:`~paramreg_jax.sources.MemorySource`.
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax.sources import CheckpointSource, MemorySource
+    >>> isinstance(MemorySource({"w": np.zeros(2)}), CheckpointSource)
+    True
+  """
+
+  def keys(self) -> tuple[str, ...]:
+    """Every tensor key, in a deterministic (sorted) order."""
+    ...
+
+  def metadata(self, key: str) -> TensorMetadata:
+    """Shape, dtype and bytes of ``key``, without reading payload."""
+    ...
+
+  def lease(self, key: str, selection: Any = None) -> CheckpointLease:
+    """A bounded read handle on ``selection`` of ``key``."""
+    ...
+
+  @property
+  def stats(self) -> SourceStats:
+    """Physical payload reads so far."""
+    ...
+
+
+class BaseSource:
+  """Shared machinery: key checks, leases and read accounting. Subclasses implement
+  ``keys()``, ``metadata(key)`` (from their catalog) and ``_read(key, region)``."""
+
+  def __init__(self) -> None:
+    self._lock = threading.Lock()
+    self._reads = 0
+    self._bytes = 0
+
+  # -- to implement -------------------------------------------------------------------------
+  def keys(self) -> tuple[str, ...]:
+    raise NotImplementedError
+
+  def metadata(self, key: str) -> TensorMetadata:
+    raise NotImplementedError
+
+  def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    raise NotImplementedError
+
+  def _physical_bytes(self, key: str, region: sel_lib.Region) -> int:
+    """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
+    return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
+
+  # -- shared ------------------------------------------------------------------------------
+  @property
+  def stats(self) -> SourceStats:
+    with self._lock:
+      return SourceStats(self._reads, self._bytes)
+
+  def __contains__(self, key: object) -> bool:
+    return key in self.keys()
+
+  def unknown_key(self, key: str) -> errors.UnknownTensorError:
+    known = self.keys()
+    near = [k for k in known if k.split("/")[-1] == str(key).split("/")[-1]][:3]
+    hint = f"; similar keys: {', '.join(near)}" if near else ""
+    return errors.UnknownTensorError(
+      f"{key!r} is not in {self!r} ({len(known)} tensors){hint}; check the key or add a rename"
+    )
+
+  def lease(self, key: str, selection: Any = None) -> CheckpointLease:
+    selection = sel_lib.check_selection(selection)
+    meta = self.metadata(key)
+    shape = selection.apply_shape(meta.shape, where=key)
+    return CheckpointLease(self, key, selection, meta, shape)
+
+  def read_region(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    """One physical read of ``region`` of ``key`` (counted in ``stats``)."""
+    physical = self._physical_bytes(key, region)
+    try:
+      out = self._read(key, region)
+    except errors.ParamRegError:
+      raise
+    except (OSError, ValueError, RuntimeError) as e:
+      raise errors.SourceIOError(
+        f"{key}: reading {sel_lib.region_slices(region)} failed: {e}"
+      ) from e
+    with self._lock:
+      self._reads += 1
+      self._bytes += physical
+    return out
+
+  def read_many(self, requests: Sequence[tuple[str, sel_lib.Region]]) -> list[np.ndarray]:
+    """Several physical reads; sources that can overlap I/O (orbax) issue them concurrently."""
+    return [self.read_region(key, region) for key, region in requests]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CheckpointLease:
+  """A bounded read of one tensor selection. ``read(index)`` reads only that region.
+
+  Attributes:
+    key: the tensor's key in the source.
+    selection: ``Full()``, ``Range`` or ``Indices``.
+    metadata: the stored tensor's metadata.
+    shape: the shape after the selection.
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax.sources import MemorySource, Range
+    >>> src = MemorySource({"w": np.arange(12, dtype=np.float32).reshape(4, 3)})
+    >>> lease = src.lease("w", Range(0, 1, 3))
+    >>> lease.shape, lease.read((slice(1, 2), slice(0, 2))).tolist()
+    ((2, 3), [[6.0, 7.0]])
+  """
+
+  source: BaseSource
+  key: str
+  selection: sel_lib.Selection
+  metadata: TensorMetadata
+  shape: tuple[int, ...]
+
+  @property
+  def dtype(self) -> np.dtype:
+    return self.metadata.dtype
+
+  @property
+  def nbytes(self) -> int:
+    return nbytes_of(self.shape, self.metadata.dtype)
+
+  def read(self, index: Any = None) -> np.ndarray:
+    """Reads ``index`` (a tuple of slices into ``self.shape``; ``None`` for all of it)."""
+    region = sel_lib.normalize_index(index, self.shape, where=self.key)
+    return sel_lib.read_selected(
+      lambda r: self.source.read_region(self.key, r), self.selection, region, self.dtype
+    )

@@ -1,0 +1,49 @@
+"""``MemorySource``: a checkpoint held in memory (tests, in-memory conversion)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src import source as source_lib
+
+
+class MemorySource(source_lib.BaseSource):
+  """A source over a mapping ``name -> array`` (numpy, jax or anything ``np.asarray`` takes).
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax.sources import MemorySource
+    >>> src = MemorySource({"b": np.zeros(2), "a": np.ones((2, 2), np.float32)})
+    >>> src.keys(), src.metadata("a")
+    (('a', 'b'), TensorMetadata(shape=(2, 2), dtype=dtype('float32'), nbytes=16))
+  """
+
+  def __init__(self, tensors: Mapping[str, Any]):
+    super().__init__()
+    if not isinstance(tensors, Mapping):
+      raise TypeError(f"MemorySource takes a mapping name -> array, got {type(tensors).__name__}")
+    self._arrays: dict[str, np.ndarray] = {}
+    for k, v in tensors.items():
+      if not isinstance(k, str) or not k:
+        raise TypeError(f"MemorySource keys must be non-empty strings, got {k!r}")
+      self._arrays[k] = np.asarray(v)
+    self._keys = tuple(sorted(self._arrays))
+
+  def keys(self) -> tuple[str, ...]:
+    return self._keys
+
+  def metadata(self, key: str) -> source_lib.TensorMetadata:
+    arr = self._arrays.get(key)
+    if arr is None:
+      raise self.unknown_key(key)
+    return source_lib.TensorMetadata(arr.shape, arr.dtype)
+
+  def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    return np.array(self._arrays[key][sel_lib.region_slices(region)])
+
+  def __repr__(self) -> str:
+    return f"MemorySource({len(self._keys)} tensors)"

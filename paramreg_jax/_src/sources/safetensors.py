@@ -1,0 +1,245 @@
+"""``SafetensorsSource``: a ``.safetensors`` file, a directory, or a sharded index, memory-mapped.
+
+The header of every file is parsed and validated when the source is built (truncation, header
+length past the end, offsets outside the data, unknown dtypes, sizes that do not match the
+shape), so a malformed checkpoint fails before any payload byte is read. Payload reads go
+through ``numpy.memmap``: a region read touches only the pages that hold it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import pathlib
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src import source as source_lib
+
+DTYPES: dict[str, np.dtype] = {
+  "BOOL": np.dtype(np.bool_),
+  "U8": np.dtype(np.uint8),
+  "I8": np.dtype(np.int8),
+  "U16": np.dtype(np.uint16),
+  "I16": np.dtype(np.int16),
+  "U32": np.dtype(np.uint32),
+  "I32": np.dtype(np.int32),
+  "U64": np.dtype(np.uint64),
+  "I64": np.dtype(np.int64),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "F32": np.dtype(np.float32),
+  "F64": np.dtype(np.float64),
+  "C64": np.dtype(np.complex64),
+  "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+  "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+if hasattr(ml_dtypes, "float8_e8m0fnu"):
+  DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+_MAX_HEADER = 100 * 1024 * 1024
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class _File:
+  """One parsed safetensors file: ``{key: (metadata, absolute byte offset)}`` and a lazy mmap."""
+
+  def __init__(self, path: pathlib.Path):
+    self.path = path
+    self._mm: mmap.mmap | None = None
+    self.entries: dict[str, tuple[source_lib.TensorMetadata, int]] = {}
+    self._parse()
+
+  def _bad(self, message: str) -> errors.MalformedSafetensorsError:
+    return errors.MalformedSafetensorsError(f"{self.path}: {message}; nothing was read from it")
+
+  def _parse(self) -> None:
+    try:
+      size = self.path.stat().st_size
+      with open(self.path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+          raise self._bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+          raise self._bad(f"header length {n} runs past the end of the file ({size} bytes)")
+        if n > _MAX_HEADER:
+          raise self._bad(f"header length {n} exceeds {_MAX_HEADER} bytes")
+        raw = f.read(n)
+    except OSError as e:
+      raise errors.SourceIOError(f"{self.path}: cannot read the header: {e}") from e
+    try:
+      header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise self._bad(f"the header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+      raise self._bad("the header is not a JSON object")
+    data_start = 8 + n
+    data_len = size - data_start
+    for key, info in header.items():
+      if key == "__metadata__":
+        continue
+      if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise self._bad(f"tensor {key!r}: entry must have dtype, shape and data_offsets")
+      dtype = DTYPES.get(info["dtype"])
+      if dtype is None:
+        raise self._bad(
+          f"tensor {key!r}: unknown dtype {info['dtype']!r} (supported: {', '.join(sorted(DTYPES))})"
+        )
+      shape = info["shape"]
+      if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+      ):
+        raise self._bad(f"tensor {key!r}: shape {shape!r} must be a list of non-negative ints")
+      offsets = info["data_offsets"]
+      if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+      ):
+        raise self._bad(f"tensor {key!r}: data_offsets {offsets!r} must be [begin, end]")
+      begin, end = offsets
+      meta = source_lib.TensorMetadata(tuple(shape), dtype)
+      if not 0 <= begin <= end <= data_len:
+        raise self._bad(
+          f"tensor {key!r}: data_offsets [{begin}, {end}] fall outside the data section "
+          f"(0..{data_len} bytes)"
+        )
+      if end - begin != meta.nbytes:
+        raise self._bad(
+          f"tensor {key!r}: data_offsets span {end - begin} bytes, but {tuple(shape)} "
+          f"{info['dtype']} needs {meta.nbytes}"
+        )
+      self.entries[key] = (meta, data_start + begin)
+
+  def view(self, key: str) -> np.ndarray:
+    meta, offset = self.entries[key]
+    if self._mm is None:
+      with open(self.path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+          raise self._bad("empty file")
+        self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.ndarray(meta.shape, meta.dtype, buffer=self._mm, offset=offset)
+
+
+class SafetensorsSource(source_lib.BaseSource):
+  """A safetensors checkpoint: one file, a directory of files, or a sharded index.
+
+  Args:
+    path: a ``.safetensors`` file; a directory (its ``model.safetensors.index.json`` if present,
+      else every ``*.safetensors`` in it); or the index file itself.
+
+  Raises:
+    MalformedSafetensorsError: a truncated file, a header past the end, bad offsets, an
+      unknown dtype (checked for every file up front, before any payload read).
+    MalformedIndexError / UnsafeShardPathError / MissingShardError /
+    ContradictoryIndexMappingError: problems with a sharded index.
+
+  Examples:
+    >>> import numpy as np, tempfile, os
+    >>> from safetensors.numpy import save_file
+    >>> from paramreg_jax.sources import SafetensorsSource
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, path)
+    >>> src = SafetensorsSource(path)
+    >>> src.metadata("w"), src.lease("w").read((slice(1, 2),)).tolist()
+    (TensorMetadata(shape=(2, 3), dtype=dtype('float32'), nbytes=24), [[3.0, 4.0, 5.0]])
+  """
+
+  def __init__(self, path: str | os.PathLike[str]):
+    super().__init__()
+    self.path = pathlib.Path(path)
+    self._where: dict[str, _File] = {}
+    if self.path.is_dir():
+      index = self.path / INDEX_NAME
+      if index.exists():
+        self._load_index(index)
+      else:
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+          raise errors.MissingShardError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
+        for f in files:
+          self._add(_File(f))
+    elif self.path.name.endswith(".json"):
+      self._load_index(self.path)
+    elif self.path.exists():
+      self._add(_File(self.path))
+    else:
+      raise errors.MissingShardError(f"{self.path}: no such file or directory")
+    self._keys = tuple(sorted(self._where))
+
+  def _add(self, f: _File, allowed: set[str] | None = None) -> None:
+    for key in f.entries:
+      if allowed is not None and key not in allowed:
+        continue
+      if key in self._where:
+        raise errors.ContradictoryIndexMappingError(
+          f"tensor {key!r} is stored in both {self._where[key].path.name} and {f.path.name}; "
+          "a checkpoint must hold each tensor once"
+        )
+      self._where[key] = f
+
+  def _load_index(self, index: pathlib.Path) -> None:
+    try:
+      data = json.loads(index.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise errors.MalformedIndexError(f"{index}: cannot parse the index: {e}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+      isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+      raise errors.MalformedIndexError(
+        f"{index}: expected {{'weight_map': {{tensor: shard file}}}}, nothing was read"
+      )
+    root = index.parent.resolve()
+    shards: dict[str, set[str]] = {}
+    for key, name in weight_map.items():
+      target = (root / name).resolve()
+      if (
+        pathlib.PurePath(name).is_absolute()
+        or ".." in pathlib.PurePath(name).parts
+        or (root not in target.parents)
+      ):
+        raise errors.UnsafeShardPathError(
+          f"{index}: tensor {key!r} points to {name!r}, outside {root}; shard paths must be "
+          "relative names inside the checkpoint directory. Nothing was read"
+        )
+      shards.setdefault(name, set()).add(key)
+    missing = sorted(n for n in shards if not (root / n).is_file())
+    if missing:
+      raise errors.MissingShardError(f"{index}: shard file(s) missing: {', '.join(missing)}")
+    for name in sorted(shards):
+      f = _File(root / name)
+      absent = sorted(shards[name] - set(f.entries))
+      if absent:
+        raise errors.ContradictoryIndexMappingError(
+          f"{index}: maps {', '.join(absent[:5])} to {name}, which does not hold them"
+        )
+      self._add(f, shards[name])
+
+  def keys(self) -> tuple[str, ...]:
+    return self._keys
+
+  def metadata(self, key: str) -> source_lib.TensorMetadata:
+    f = self._where.get(key)
+    if f is None:
+      raise self.unknown_key(key)
+    return f.entries[key][0]
+
+  def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    view = self._where[key].view(key)
+    return np.array(view[sel_lib.region_slices(region)])
+
+  def shard_of(self, key: str) -> pathlib.Path:
+    """The file that holds ``key``."""
+    if key not in self._where:
+      raise self.unknown_key(key)
+    return self._where[key].path
+
+  def __repr__(self) -> str:
+    return f"SafetensorsSource({str(self.path)!r})"
