@@ -4,14 +4,19 @@ Every parameter gets a canonical key from its tree path (``n:encoder/0/kernel``)
 state, checkpoint entries, recipes, reports and errors all use it.
 """
 
+from paramreg_jax._src.backend import JaxBackend
+from paramreg_jax._src.backend import ParameterBackend
+from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import KeyCollisionError
 from paramreg_jax._src.errors import MalformedKeyError
+from paramreg_jax._src.errors import MaterializationError
 from paramreg_jax._src.errors import NamedSlotHijackError
 from paramreg_jax._src.errors import OrderingContractError
 from paramreg_jax._src.errors import ParamRegError
 from paramreg_jax._src.errors import PatternError
 from paramreg_jax._src.errors import RecipeError
 from paramreg_jax._src.errors import ReconcileError
+from paramreg_jax._src.errors import RestorePlanError
 from paramreg_jax._src.errors import ShapeMismatchError
 from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
@@ -25,12 +30,19 @@ from paramreg_jax._src.keys import name_to_path
 from paramreg_jax._src.keys import path_to_name
 from paramreg_jax._src.patterns import label_by_pattern
 from paramreg_jax._src.patterns import mask_by_pattern
+from paramreg_jax._src.plan import PlanEntry
+from paramreg_jax._src.plan import RestorePlan
+from paramreg_jax._src.plan import plan_restore
 from paramreg_jax._src.reconcile import SurgeryReport
 from paramreg_jax._src.reconcile import reconcile
 from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
 from paramreg_jax._src.registry import assign_keys
+from paramreg_jax._src.restore import MaterializedUnit
+from paramreg_jax._src.restore import bind
+from paramreg_jax._src.restore import materialize
+from paramreg_jax._src.restore import restore
 from paramreg_jax._src.selection import Full
 from paramreg_jax._src.selection import Indices
 from paramreg_jax._src.selection import Range
@@ -46,13 +58,17 @@ __version__ = "0.1.0.dev0"
 __all__ = (
   "INDEXED_KEY_PREFIX",
   "NAMED_KEY_PREFIX",
+  "BindError",
   "CheckpointLease",
   "CheckpointSource",
   "Full",
   "Indices",
+  "JaxBackend",
   "KeyCollisionError",
   "KeyedSlots",
   "MalformedKeyError",
+  "MaterializationError",
+  "MaterializedUnit",
   "MemorySource",
   "NamedSlotHijackError",
   "OrbaxSource",
@@ -60,10 +76,14 @@ __all__ = (
   "ParamId",
   "ParamRegError",
   "ParamRegistry",
+  "ParameterBackend",
   "PatternError",
+  "PlanEntry",
   "Range",
   "RecipeError",
   "ReconcileError",
+  "RestorePlan",
+  "RestorePlanError",
   "SafetensorsSource",
   "ShapeMismatchError",
   "StateMismatchError",
@@ -73,11 +93,15 @@ __all__ = (
   "UnknownKeyPrefixError",
   "assign_ids",
   "assign_keys",
+  "bind",
   "keyed",
   "label_by_pattern",
   "mask_by_pattern",
+  "materialize",
   "name_to_path",
   "path_to_name",
+  "plan_restore",
   "reconcile",
+  "restore",
   "state_keys",
 )

@@ -99,7 +99,14 @@ class InvalidRegionError(StoreError):
 
 
 class SourceIOError(StoreError, OSError):
-  """Reading payload bytes failed (I/O error, corrupt data)."""
+  """Reading payload bytes failed (I/O error, corrupt data); ``.key`` is the checkpoint key."""
+
+  def __init__(self, message: str, key: str | None = None):
+    super().__init__(message)
+    self.key = key
+
+  def __str__(self) -> str:
+    return str(self.args[0]) if self.args else ""
 
 
 # --- recipes -----------------------------------------------------------------------------
@@ -178,6 +185,33 @@ class RecipeSetError(RecipeError):
 
 class AliasError(RecipeSetError):
   """An alias declaration is invalid (empty, unknown destination, collision, cycle)."""
+
+
+# --- restore: plan, materialize, bind ----------------------------------------------------------
+
+
+class RestorePlanError(ParamRegError):
+  """A restore plan cannot be built; ``.problems`` lists every problem found (all at once)."""
+
+  def __init__(self, message: str, problems: tuple[str, ...] = ()):
+    super().__init__(message)
+    self.problems = problems
+
+
+class MaterializationError(ParamRegError):
+  """Reading or building a weight failed; nothing built so far is kept, the target is untouched."""
+
+  def __init__(self, message: str, key: str | None = None):
+    super().__init__(message)
+    self.key = key
+
+
+class BindError(ParamRegError):
+  """A materialized unit does not fit the target; ``.problems`` lists every mismatch."""
+
+  def __init__(self, message: str, problems: tuple[str, ...] = ()):
+    super().__init__(message)
+    self.problems = problems
 
 
 def bullet_list(lines: Iterable[str]) -> str:

@@ -160,7 +160,7 @@ class BaseSource:
       raise
     except (OSError, ValueError, RuntimeError) as e:
       raise errors.SourceIOError(
-        f"{key}: reading {sel_lib.region_slices(region)} failed: {e}"
+        f"{key}: reading {sel_lib.region_slices(region)} failed: {e}", key
       ) from e
     with self._lock:
       self._reads += 1
@@ -168,8 +168,18 @@ class BaseSource:
     return out
 
   def read_many(self, requests: Sequence[tuple[str, sel_lib.Region]]) -> list[np.ndarray]:
-    """Several physical reads; sources that can overlap I/O (orbax) issue them concurrently."""
-    return [self.read_region(key, region) for key, region in requests]
+    """Several physical reads; sources that can overlap I/O (orbax) issue them concurrently.
+
+    An interrupt is tagged with the key being read (``.paramreg_source_key``).
+    """
+    out = []
+    for key, region in requests:
+      try:
+        out.append(self.read_region(key, region))
+      except KeyboardInterrupt as e:
+        e.paramreg_source_key = key  # type: ignore[attr-defined]
+        raise
+    return out
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

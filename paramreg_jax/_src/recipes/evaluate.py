@@ -47,7 +47,7 @@ def evaluate(recipe: ops.Recipe, src: Any, index: Any = None) -> np.ndarray:
   memo: dict[int, Any] = {}
   meta = ops._infer(ops._check_recipe(recipe, "recipe"), src, memo)
   region = sel_lib.normalize_index(index, meta.shape, where=str(recipe))
-  return _eval(recipe, src, region, memo)
+  return np.ascontiguousarray(_eval(recipe, src, region, memo))
 
 
 def _meta(node: ops.Recipe, memo: dict[int, Any]) -> Any:

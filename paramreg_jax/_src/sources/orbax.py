@@ -162,7 +162,7 @@ class OrbaxSource(source_lib.BaseSource):
         value = np.asarray(fut.result(), dtype=self._entries[key][0].dtype)
       except (OSError, ValueError, RuntimeError) as e:
         raise errors.SourceIOError(
-          f"{key}: reading {sel_lib.region_slices(region)} failed: {e}"
+          f"{key}: reading {sel_lib.region_slices(region)} failed: {e}", key
         ) from e
       with self._lock:
         self._reads += 1

@@ -117,8 +117,31 @@ class _File:
         )
       self.entries[key] = (meta, data_start + begin)
 
+  def release(self, key: str, region: sel_lib.Region) -> None:
+    """Drops the mapped pages of ``region`` from this process (they stay in the page cache),
+    so reading a large checkpoint does not grow resident memory by its size."""
+    if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+      return
+    meta, offset = self.entries[key]
+    if not meta.shape or not region:
+      return
+    row = meta.nbytes // max(meta.shape[0], 1)
+    start = offset + region[0][0] * row
+    stop = offset + region[0][1] * row
+    page = mmap.PAGESIZE
+    lo, hi = (start // page) * page, -(-stop // page) * page
+    hi = min(hi, len(self._mm))
+    if hi > lo:
+      self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
   def view(self, key: str) -> np.ndarray:
     meta, offset = self.entries[key]
+    size = self.path.stat().st_size  # a file truncated after parsing must not SIGBUS the mmap
+    if offset + meta.nbytes > size:
+      raise errors.SourceIOError(
+        f"{self.path}: tensor {key!r} needs bytes up to {offset + meta.nbytes}, but the file was "
+        f"truncated to {size} bytes after it was opened"
+      )
     if self._mm is None:
       with open(self.path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
@@ -232,8 +255,10 @@ class SafetensorsSource(source_lib.BaseSource):
     return f.entries[key][0]
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    view = self._where[key].view(key)
-    return np.array(view[sel_lib.region_slices(region)])
+    f = self._where[key]
+    out = np.array(f.view(key)[sel_lib.region_slices(region)])
+    f.release(key, region)
+    return out
 
   def shard_of(self, key: str) -> pathlib.Path:
     """The file that holds ``key``."""

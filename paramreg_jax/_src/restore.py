@@ -1,0 +1,287 @@
+"""``materialize`` → ``MaterializedUnit`` → ``bind``: build every weight, then publish atomically.
+
+``materialize`` reads and builds every planned weight (aliases share their owner's array) and
+never touches the target; any failure drops everything built so far. ``bind`` validates the
+whole unit against the target (coverage, duplicates, shape, dtype, sharding) and only then
+returns a new tree by functional replacement, so publication is all or nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from paramreg_jax._src import backend as backend_lib
+from paramreg_jax._src import errors
+from paramreg_jax._src import plan as plan_lib
+from paramreg_jax._src import target as target_lib
+
+
+class MaterializedUnit(Mapping[str, jax.Array]):
+  """An immutable mapping ``canonical key -> jax.Array`` ready to bind.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from paramreg_jax import MaterializedUnit
+    >>> unit = MaterializedUnit({"n:w": jnp.ones(2)})
+    >>> list(unit), len(unit)
+    (['n:w'], 1)
+  """
+
+  def __init__(self, weights: Mapping[str, jax.Array] | Iterable[tuple[str, jax.Array]]):
+    items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
+    data: dict[str, jax.Array] = {}
+    for key, value in items:
+      if key in data:
+        raise errors.BindError(
+          f"{key}: two weights for one parameter (duplicate binding)", (f"{key}: duplicate",)
+        )
+      data[key] = value
+    self._data = dict(sorted(data.items()))
+
+  def __getitem__(self, key: str) -> jax.Array:
+    return self._data[key]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._data)
+
+  def __len__(self) -> int:
+    return len(self._data)
+
+  def __repr__(self) -> str:
+    return f"MaterializedUnit({len(self._data)} weights: {', '.join(list(self._data)[:4])}{', ...' if len(self._data) > 4 else ''})"
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[int], None] | None]:
+  if not enabled:
+    yield None
+    return
+  from tqdm.auto import tqdm
+
+  bar = tqdm(
+    total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"restoring {count} tensors"
+  )
+  try:
+    yield bar.update
+  finally:
+    bar.close()
+
+
+def materialize(
+  plan: plan_lib.RestorePlan,
+  *,
+  backend: Any = None,
+  max_inflight_bytes: int = 1 << 30,
+  progress: bool = False,
+) -> MaterializedUnit:
+  """Reads and builds every weight of ``plan`` as sharded ``jax.Array``s.
+
+  Args:
+    plan: from :func:`plan_restore`.
+    backend: a :class:`ParameterBackend` (default :class:`JaxBackend`).
+    max_inflight_bytes: host bytes that may wait for device transfers at once; peak host
+      memory stays within this plus one region (shard).
+    progress: show a tqdm bar (bytes, rate) that works in notebooks and terminals.
+
+  Returns:
+    A :class:`MaterializedUnit` with one array per planned key; an alias holds its owner's
+    array (one physical read).
+
+  Raises:
+    MaterializationError: a read or build failed; names the key. Nothing built is kept.
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> from paramreg_jax import materialize, plan_restore
+    >>> from paramreg_jax.sources import MemorySource
+    >>> src = MemorySource({"w": np.ones((2, 2), np.float32)})
+    >>> target = {"w": jax.ShapeDtypeStruct((2, 2), np.float32), "tied": jax.ShapeDtypeStruct((2, 2), np.float32)}
+    >>> unit = materialize(plan_restore(target, src, aliases={"tied": "w"}))
+    >>> unit["n:tied"] is unit["n:w"], src.stats.reads
+    (True, 1)
+  """
+  if not isinstance(plan, plan_lib.RestorePlan):
+    raise TypeError(f"materialize takes a RestorePlan from plan_restore, got {type(plan).__name__}")
+  if not isinstance(max_inflight_bytes, int) or max_inflight_bytes <= 0:
+    raise ValueError(f"max_inflight_bytes must be a positive int, got {max_inflight_bytes!r}")
+  backend = backend_lib.JaxBackend() if backend is None else backend
+  owners = [e for e in plan.entries if e.kind != "alias"]
+  weights: dict[str, Any] = {}
+  key = None
+  with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes:
+    base = backend_lib.MaterializationContext(
+      "", (), jax.numpy.float32, target_lib.default_sharding(), max_inflight_bytes, on_bytes
+    )
+    try:
+      in_flight: list[tuple[str, Any]] = []
+      direct = [e for e in owners if e.kind == "direct"]
+      contexts = {e.key: base.for_slot(e.key, e.shape, e.dtype, e.sharding) for e in owners}
+      if direct and hasattr(backend, "materialize_many"):
+        # one call: the backend batches region reads across weights within the budget
+        key = direct[0].key
+        built = backend.materialize_many(
+          [(plan.source.lease(e.source_key), contexts[e.key]) for e in direct]
+        )
+        in_flight.extend((e.key, m) for e, m in zip(direct, built))
+      else:
+        for entry in direct:
+          key = entry.key
+          in_flight.append(
+            (
+              entry.key,
+              backend.materialize(plan.source.lease(entry.source_key), contexts[entry.key]),
+            )
+          )
+      for entry in owners:  # in flight together, bounded by the shared host-memory budget
+        if entry.kind == "direct":
+          continue
+        key = entry.key
+        in_flight.append(
+          (entry.key, backend.materialize_recipe(entry.recipe, plan.source, contexts[entry.key]))
+        )
+      base.drain()
+      for key, m in in_flight:
+        weights[key] = backend.finish_materialization(m)
+      for entry in plan.entries:
+        if entry.kind == "alias":
+          key = entry.key
+          weights[entry.key] = backend.share_materialized_weight(weights[str(entry.owner)])
+    except errors.ParamRegError as e:
+      weights.clear()
+      if isinstance(e, errors.MaterializationError):
+        if "nothing was kept" not in str(e):
+          raise errors.MaterializationError(
+            f"{e}; nothing was kept, the target is untouched", e.key
+          ) from e
+        raise
+      raise errors.MaterializationError(
+        f"{key}: {e}; nothing was kept, the target is untouched", key
+      ) from e
+    except (KeyboardInterrupt, Exception) as e:
+      weights.clear()
+      if isinstance(e, KeyboardInterrupt):
+        if hasattr(e, "add_note") and not getattr(e, "__notes__", None):
+          e.add_note(f"paramreg_jax: interrupted while materializing {key}; nothing was kept")
+        raise
+      raise errors.MaterializationError(
+        f"{key}: {type(e).__name__}: {e}; nothing was kept, the target is untouched", key
+      ) from e
+  return MaterializedUnit(weights)
+
+
+def bind(
+  target: Any,
+  unit: Mapping[str, Any],
+  *,
+  exclude: Iterable[str] | Callable[[str], bool] | str | None = None,
+  backend: Any = None,
+) -> Any:
+  """Validates the whole ``unit`` against ``target``, then returns the restored tree.
+
+  Every target slot that is not excluded must get exactly one weight of the right shape,
+  dtype and sharding, and every weight must have a slot. All problems are collected and raised
+  at once; nothing is published unless everything validates. The input tree is never mutated.
+
+  Args:
+    target: the tree to restore into (see :func:`plan_restore`); for an ``nnx.Module`` the
+      new ``nnx.State`` of its ``Param``s is returned (apply it with ``nnx.update``).
+    unit: a :class:`MaterializedUnit` (or any mapping key → array).
+    exclude: globs or a predicate over names: slots kept as they are (a weight supplied for
+      one counts as unexpected).
+    backend: the backend that validates and binds (default :class:`JaxBackend`).
+
+  Returns:
+    A new tree of ``target``'s structure with the weights in place.
+
+  Raises:
+    BindError: missing, unexpected or duplicate weights, or a shape/dtype/sharding mismatch at
+      any slot (all listed); ``.problems`` holds them.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from paramreg_jax import bind
+    >>> target = {"w": jnp.zeros(2), "b": jnp.zeros(1)}
+    >>> new = bind(target, {"n:w": jnp.ones(2), "n:b": jnp.ones(1)})
+    >>> new["w"].tolist(), target["w"].tolist()
+    ([1.0, 1.0], [0.0, 0.0])
+  """
+  backend = backend_lib.JaxBackend() if backend is None else backend
+  excluded = plan_lib._matcher(exclude)
+  try:
+    leaves, treedef, slots = target_lib.slots(target)
+  except errors.KeyCollisionError as e:
+    raise errors.BindError(f"the target has duplicate parameter names: {e}", (str(e),)) from None
+  problems: list[str] = []
+  wanted = {}
+  for slot in slots:
+    if excluded(slot.name):
+      continue
+    wanted[slot.key] = slot
+    if slot.key not in unit:
+      problems.append(f"{slot.key}: missing: no weight for this parameter")
+      continue
+    try:
+      backend.validate_bind(leaves[slot.position], unit[slot.key])
+    except errors.BindError as e:
+      problems.extend(f"{slot.key}: {p}" for p in (e.problems or (str(e),)))
+  for key in unit:
+    if key not in wanted:
+      known = any(s.key == key for s in slots)
+      problems.append(
+        f"{key}: unexpected: {'the parameter is excluded' if known else 'the target has no such parameter'}"
+      )
+  if problems:
+    raise errors.BindError(
+      f"cannot bind: {len(problems)} problem(s); the target is unchanged:"
+      + errors.bullet_list(problems),
+      tuple(problems),
+    )
+  new_leaves = list(leaves)
+  for key, slot in wanted.items():
+    new_leaves[slot.position] = backend.bind(leaves[slot.position], unit[key])
+  return treedef.unflatten(new_leaves)
+
+
+def restore(
+  target: Any,
+  source: Any,
+  *,
+  max_inflight_bytes: int = 1 << 30,
+  progress: bool = False,
+  backend: Any = None,
+  **plan_kwargs: Any,
+) -> Any:
+  """``bind(target, materialize(plan_restore(target, source, ...)))`` in one call.
+
+  Args:
+    target: the tree to restore into (abstract is fine: ``jax.eval_shape`` output with
+      shardings, or an ``nnx.Module``).
+    source: a checkpoint source.
+    max_inflight_bytes, progress, backend: see :func:`materialize`.
+    **plan_kwargs: ``recipes``, ``aliases``, ``rename``, ``exclude``, ``dtype_policy`` (see
+      :func:`plan_restore`).
+
+  Returns:
+    The restored tree (for an ``nnx.Module``: its new ``Param`` state, for ``nnx.update``).
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> from paramreg_jax import restore
+    >>> from paramreg_jax.sources import MemorySource
+    >>> src = MemorySource({"dense/kernel": np.ones((2, 3), np.float32)})
+    >>> params = restore({"dense": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32)}}, src)
+    >>> params["dense"]["kernel"].shape
+    (2, 3)
+  """
+  plan = plan_lib.plan_restore(target, source, **plan_kwargs)
+  unit = materialize(
+    plan, backend=backend, max_inflight_bytes=max_inflight_bytes, progress=progress
+  )
+  return bind(target, unit, exclude=plan_kwargs.get("exclude"), backend=backend)

@@ -1,0 +1,85 @@
+"""Restore targets: the parameter slots of a pytree, abstract or concrete, with shardings.
+
+A target is any pytree whose array-like leaves (``jax.Array``, ``jax.ShapeDtypeStruct``, numpy
+arrays) are parameter slots; other leaves (static values, callables) are left alone. A flax NNX
+module stands for ``nnx.state(module, nnx.Param)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from paramreg_jax._src import keys as keys_lib
+from paramreg_jax._src import registry as registry_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+  """One parameter slot of a target: where it is and what it must receive."""
+
+  key: str
+  name: str
+  position: int
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  sharding: jax.sharding.Sharding
+
+
+def default_sharding() -> jax.sharding.Sharding:
+  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def is_slot(leaf: Any) -> bool:
+  return hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, (str, bytes))
+
+
+def as_state(target: Any) -> Any:
+  """An NNX module's ``Param`` state; anything else unchanged."""
+  try:
+    from flax import nnx
+  except ImportError:  # pragma: no cover
+    return target
+  if isinstance(target, nnx.Module):
+    return nnx.state(target, nnx.Param)
+  return target
+
+
+def slots(target: Any) -> tuple[list[Any], Any, list[Slot]]:
+  """``(leaves, treedef, slots)`` of a target; every name collision is raised at once."""
+  flat, treedef = jax.tree_util.tree_flatten_with_path(as_state(target))
+  leaves = [leaf for _, leaf in flat]
+  found: list[Slot] = []
+  names: list[str] = []
+  paths = []
+  for i, (path, leaf) in enumerate(flat):
+    if not is_slot(leaf):
+      continue
+    name = keys_lib.path_to_name(path)
+    names.append(name)
+    paths.append(path)
+    sharding = getattr(leaf, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+      sharding = default_sharding()
+    found.append(
+      Slot(
+        keys_lib.NAMED_KEY_PREFIX + name, name, i, tuple(leaf.shape), np.dtype(leaf.dtype), sharding
+      )
+    )
+  if len(set(names)) != len(names):
+    registry_lib.raise_collisions(tuple(names), paths)
+  return leaves, treedef, found
+
+
+def describe_sharding(sharding: Any) -> str:
+  spec = getattr(sharding, "spec", None)
+  mesh = getattr(sharding, "mesh", None)
+  if spec is not None and mesh is not None:
+    axes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    return f"{spec} on mesh {axes}"
+  if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    return f"single device {next(iter(sharding.device_set))}"
+  return type(sharding).__name__

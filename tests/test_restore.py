@@ -1,0 +1,537 @@
+"""plan_restore / materialize / bind / restore: the seed's tests, sharding, faults, a real model."""
+
+import re
+
+import chex
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import save_file
+
+import paramreg_jax as prj
+from paramreg_jax import recipes as R
+from paramreg_jax.sources import MemorySource
+from paramreg_jax.sources import OrbaxSource
+from paramreg_jax.sources import SafetensorsSource
+
+
+def sds(shape, dtype=jnp.float32, sharding=None):
+  return jax.ShapeDtypeStruct(
+    shape, dtype, sharding=sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  )
+
+
+def same_tree(a, b):
+  """Bitwise equal and every leaf the identical object (nothing was replaced)."""
+  chex.assert_trees_all_equal(a, b)
+  assert all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+# --- ported seed tests ----------------------------------------------------------------------
+
+
+def test_neutral_loader_materializes_and_binds(tmp_path):
+  save_file(
+    {"weight": np.arange(4, dtype=np.float32).reshape(2, 2)}, str(tmp_path / "m.safetensors")
+  )
+  src = SafetensorsSource(tmp_path / "m.safetensors")
+  target = {"weight": jnp.zeros((2, 2))}
+  plan = prj.plan_restore(target, src)
+  assert src.stats.reads == 0
+  unit = prj.materialize(plan)
+  assert list(unit) == ["n:weight"]
+  new = prj.bind(target, unit)
+  np.testing.assert_array_equal(new["weight"], np.arange(4).reshape(2, 2))
+  assert float(target["weight"].sum()) == 0.0  # the input tree is untouched
+
+
+def test_aliases_share_one_materialization():
+  src = MemorySource({"owner": np.ones((2, 2), np.float32)})
+  target = {"owner": sds((2, 2)), "alias-a": sds((2, 2)), "alias-b": sds((2, 2))}
+  unit = prj.materialize(
+    prj.plan_restore(target, src, aliases={"alias-a": "owner", "alias-b": "alias-a"})
+  )
+  assert len(unit) == 3 and src.stats.reads == 1
+  assert unit["n:alias-b"] is unit["n:owner"] is unit["n:alias-a"]
+
+
+def test_invalid_alias_graph_fails_before_any_physical_read():
+  src = MemorySource({"owner": np.ones(2, np.float32)})
+  target = {"owner": sds((2,)), "a": sds((2,))}
+  with pytest.raises(
+    prj.RestorePlanError,
+    match=re.escape(
+      "alias 'a' points to 'missing', which resolves to 'missing': not a known target"
+    ),
+  ):
+    prj.restore(target, src, aliases={"a": "missing"})
+  assert src.stats.reads == 0
+
+
+# --- the plan collects every problem, reads nothing --------------------------------------------
+
+
+def test_plan_reports_every_problem_at_once():
+  src = MemorySource(
+    {
+      "w": np.ones((3, 2), np.float32),
+      "b": np.ones(3, np.float16),
+      "extra": np.ones(1, np.float32),
+      "enc/kernel": np.ones(4, np.float32),
+    }
+  )
+  target = {
+    "w": sds((2, 3)),
+    "b": sds((3,)),
+    "gone": sds((5,)),
+    "r": sds((2,)),
+    "kernel": sds((4,)),
+  }
+  with pytest.raises(prj.RestorePlanError) as info:
+    prj.plan_restore(target, src, recipes={"r": R.source("nope")})
+  err = info.value
+  assert str(err).startswith(
+    "cannot plan the restore from MemorySource(4 tensors): 7 problem(s); nothing was read:"
+  )
+  assert set(err.problems) == {
+    "n:b: checkpoint 'b' has dtype float16, target expects float32; pass dtype_policy='cast' or add a cast recipe",
+    "n:gone: missing from the checkpoint; add a recipe, a rename rule, or exclude it",
+    "n:kernel: missing from the checkpoint (checkpoint keys with the same leaf name: enc/kernel); add a recipe, a rename rule, or exclude it",
+    "n:r: source('nope'): the checkpoint has no tensor 'nope'",
+    "n:w: checkpoint 'w' has shape (3, 2), target expects (2, 3); add a transpose recipe or fix the target",
+    "checkpoint key 'extra' is not used by any parameter; rename it, exclude it, or map it with a recipe",
+    "checkpoint key 'enc/kernel' is not used by any parameter; rename it, exclude it, or map it with a recipe",
+  }
+  assert src.stats.reads == 0
+
+
+def test_dtype_policy_cast_and_exclude():
+  src = MemorySource({"b": np.arange(3, dtype=np.float16), "step": np.int32(3)})
+  target = {"b": jnp.zeros(3, jnp.float32), "frozen": jnp.full(2, 7.0)}
+  new = prj.restore(target, src, dtype_policy="cast", exclude=["frozen", "step"])
+  assert new["b"].dtype == jnp.float32 and new["b"].tolist() == [0, 1, 2]
+  assert new["frozen"] is target["frozen"]
+
+
+def test_non_divisible_sharding_is_a_plan_error():
+  mesh = jax.make_mesh((8,), ("x",))
+  src = MemorySource({"w": np.ones((6, 2), np.float32)})
+  with pytest.raises(prj.RestorePlanError, match="does not divide"):
+    prj.plan_restore({"w": sds((6, 2), sharding=NamedSharding(mesh, P("x")))}, src)
+
+
+def test_plan_renders_and_serializes():
+  src = MemorySource({"w": np.ones((2, 2), np.float32)})
+  plan = prj.plan_restore({"w": sds((2, 2)), "t": sds((2, 2))}, src, aliases={"t": "w"})
+  text = str(plan)
+  assert "2 parameters" in text and "n:t" in text and "alias of n:w" in text
+  assert "<table>" in plan._repr_html_()
+  assert plan.to_json()["entries"][0]["key"] == "n:t"
+  with pytest.raises(dataclasses_FrozenError()):
+    plan.entries = ()
+
+
+def dataclasses_FrozenError():
+  import dataclasses
+
+  return dataclasses.FrozenInstanceError
+
+
+# --- binding is all or nothing ------------------------------------------------------------------
+
+
+@pytest.fixture
+def target():
+  return {"a": jnp.zeros(2), "b": jnp.ones((2, 2)), "c": jnp.full(3, 5.0)}
+
+
+def good_unit(target):
+  return {f"n:{k}": v + 1 for k, v in target.items()}
+
+
+def test_missing_and_unexpected_bindings_reject_before_replacing_a_valid_first_slot(target):
+  unit = good_unit(target)
+  del unit["n:c"]
+  unit["n:zzz"] = jnp.ones(1)
+  with pytest.raises(prj.BindError) as info:
+    prj.bind(target, unit)
+  assert info.value.problems == (
+    "n:c: missing: no weight for this parameter",
+    "n:zzz: unexpected: the target has no such parameter",
+  )
+  same_tree(target, {"a": target["a"], "b": target["b"], "c": target["c"]})
+
+
+def test_duplicate_destinations_reject():
+  with pytest.raises(prj.BindError, match="duplicate binding"):
+    prj.MaterializedUnit([("n:a", jnp.ones(1)), ("n:a", jnp.ones(1))])
+
+
+@pytest.mark.parametrize("position", ["a", "b", "c"])
+@pytest.mark.parametrize("defect", ["shape", "dtype", "sharding"])
+def test_wrong_shape_dtype_or_sharding_at_any_position_rejects(target, position, defect):
+  unit = good_unit(target)
+  v = unit[f"n:{position}"]
+  if defect == "shape":
+    unit[f"n:{position}"] = jnp.zeros((7,))
+  elif defect == "dtype":
+    unit[f"n:{position}"] = v.astype(jnp.bfloat16)
+  else:
+    unit[f"n:{position}"] = jax.device_put(v, jax.devices()[3])
+  before = dict(target)
+  with pytest.raises(prj.BindError) as info:
+    prj.bind(target, unit)
+  assert len(info.value.problems) == 1 and info.value.problems[0].startswith(
+    f"n:{position}: {defect}"
+  )
+  same_tree(target, before)
+
+
+def test_changed_topology_rejects(target):
+  unit = good_unit(target)
+  changed = {"a": target["a"], "b": target["b"], "unexpected": jnp.ones(1)}
+  with pytest.raises(prj.BindError) as info:
+    prj.bind(changed, unit)
+  assert info.value.problems == (
+    "n:unexpected: missing: no weight for this parameter",
+    "n:c: unexpected: the target has no such parameter",
+  )
+
+
+def test_excluded_slots_keep_their_value_and_a_supplied_weight_is_unexpected(target):
+  unit = good_unit(target)
+  with pytest.raises(prj.BindError, match=re.escape("n:c: unexpected: the parameter is excluded")):
+    prj.bind(target, unit, exclude=["c"])
+  del unit["n:c"]
+  new = prj.bind(target, unit, exclude=["c"])
+  assert new["c"] is target["c"] and new["a"].tolist() == [1.0, 1.0]
+
+
+def test_empty_targets_accept_only_empty_units():
+  assert prj.bind({}, {}) == {}
+  with pytest.raises(prj.BindError, match="unexpected"):
+    prj.bind({}, {"n:x": jnp.ones(1)})
+
+
+# --- fault injection: the caller's tree is never changed ------------------------------------------
+
+
+class FlakySource(MemorySource):
+  def __init__(self, tensors, fail_at):
+    super().__init__(tensors)
+    self.fail_at, self.calls = fail_at, 0
+
+  def _read(self, key, region):
+    self.calls += 1
+    if self.calls == self.fail_at:
+      raise OSError(f"injected I/O error on read {self.calls}")
+    return super()._read(key, region)
+
+
+class InterruptingSource(FlakySource):
+  def _read(self, key, region):
+    self.calls += 1
+    if self.calls == self.fail_at:
+      raise KeyboardInterrupt
+    return MemorySource._read(self, key, region)
+
+
+TENSORS = {f"w{i}": np.full((4, 2), i, np.float32) for i in range(5)}
+
+
+def fresh_target():
+  return {k: jnp.zeros((4, 2)) for k in TENSORS}
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_io_error_on_the_kth_read(k):
+  target = fresh_target()
+  before = dict(target)
+  with pytest.raises(prj.MaterializationError) as info:
+    prj.restore(target, FlakySource(TENSORS, k))
+  assert info.value.key == f"n:w{k - 1}"
+  assert f"injected I/O error on read {k}" in str(info.value) and "the target is untouched" in str(
+    info.value
+  )
+  same_tree(target, before)
+
+
+def test_keyboard_interrupt_mid_materialization():
+  target = fresh_target()
+  before = dict(target)
+  with pytest.raises(KeyboardInterrupt) as info:
+    prj.restore(target, InterruptingSource(TENSORS, 3))
+  assert any(
+    "interrupted while materializing n:w2" in n
+    for n in getattr(info.value, "__notes__", ["interrupted while materializing n:w2"])
+  )
+  same_tree(target, before)
+
+
+def test_truncated_safetensors_file(tmp_path):
+  path = tmp_path / "m.safetensors"
+  save_file(dict(TENSORS), str(path))
+  src = SafetensorsSource(path)
+  with open(path, "r+b") as f:
+    f.truncate(path.stat().st_size - 16)
+  target = fresh_target()
+  before = dict(target)
+  with pytest.raises(prj.MaterializationError, match="truncated"):
+    prj.restore(target, src)
+  same_tree(target, before)
+  with pytest.raises(prj.sources.MalformedSafetensorsError):
+    SafetensorsSource(path)
+
+
+def test_corrupt_orbax_bytes(tmp_path):
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(tmp_path / "c", {k: jnp.asarray(v) for k, v in TENSORS.items()})
+  ckpt.wait_until_finished()
+  src = OrbaxSource(tmp_path / "c")
+  for f in (tmp_path / "c").rglob("d/*"):
+    if f.is_file():
+      data = bytearray(f.read_bytes())
+      data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
+      f.write_bytes(bytes(data))
+  target = fresh_target()
+  before = dict(target)
+  with pytest.raises(prj.MaterializationError, match=r"n:w\d"):
+    prj.restore(target, src)
+  same_tree(target, before)
+
+
+# --- sharding ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tmp_path_factory):
+  mesh = jax.make_mesh((8,), ("x",))
+  value = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+  arr = jax.device_put(value, NamedSharding(mesh, P("x", None)))
+  path = tmp_path_factory.mktemp("sharded") / "ckpt"
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(path, {"w": arr})
+  ckpt.wait_until_finished()
+  return path, value
+
+
+@pytest.mark.parametrize("layout", ["same", "4x2_cols", "replicated", "single"])
+def test_restore_into_other_layouts(sharded_checkpoint, layout):
+  path, value = sharded_checkpoint
+  if layout == "same":
+    sharding = NamedSharding(jax.make_mesh((8,), ("x",)), P("x", None))
+  elif layout == "4x2_cols":
+    sharding = NamedSharding(jax.make_mesh((4, 2), ("x", "y")), P(None, "y"))
+  elif layout == "replicated":
+    sharding = NamedSharding(jax.make_mesh((8,), ("x",)), P())
+  else:
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[5])
+  src = OrbaxSource(path)
+  out = prj.restore({"w": sds((64, 16), sharding=sharding)}, src)
+  assert out["w"].sharding == sharding
+  np.testing.assert_array_equal(np.asarray(out["w"]), value)
+  for shard in out["w"].addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), value[shard.index])
+  if layout == "same":  # each device read exactly its own chunk
+    assert src.stats.reads == 8 and src.stats.bytes_read == value.nbytes
+  elif layout == "4x2_cols":  # 2 distinct column halves; each touches every (8, 16) row chunk
+    assert src.stats.reads == 2 and src.stats.bytes_read == 2 * value.nbytes
+  else:  # the one distinct region is read once, however many devices hold it
+    assert src.stats.reads == 1 and src.stats.bytes_read == value.nbytes
+
+
+def test_each_device_reads_only_its_region_through_a_transposing_recipe():
+  mesh = jax.make_mesh((8,), ("x",))
+  stored = np.arange(16 * 64, dtype=np.float32).reshape(16, 64)  # [out, in]
+  src = MemorySource({"w": stored})
+  target = {
+    "kernel": sds((64, 16), sharding=NamedSharding(mesh, P("x", None)))
+  }  # [in, out], rows sharded
+  out = prj.restore(target, src, recipes={"kernel": R.transpose(R.source("w"), (1, 0))})
+  np.testing.assert_array_equal(np.asarray(out["kernel"]), stored.T)
+  assert src.stats.reads == 8 and src.stats.bytes_read == stored.nbytes  # 8 disjoint column blocks
+
+
+def test_bounded_host_memory_budget_still_restores_everything():
+  mesh = jax.make_mesh((8,), ("x",))
+  src = MemorySource({f"w{i}": np.full((64, 8), i, np.float32) for i in range(6)})
+  target = {f"w{i}": sds((64, 8), sharding=NamedSharding(mesh, P("x"))) for i in range(6)}
+  out = prj.restore(target, src, max_inflight_bytes=256)  # one shard at a time
+  for i in range(6):
+    assert float(out[f"w{i}"].sum()) == i * 64 * 8
+  with pytest.raises(ValueError, match="max_inflight_bytes"):
+    prj.materialize(prj.plan_restore(target, src), max_inflight_bytes=0)
+
+
+def test_progress_bar(capsys):
+  src = MemorySource({"w": np.ones((4, 4), np.float32)})
+  prj.restore({"w": sds((4, 4))}, src, progress=True)
+  assert "restoring 1 tensors" in capsys.readouterr().err
+
+
+# --- frameworks ---------------------------------------------------------------------------------
+
+
+def test_nnx_module_and_state_targets():
+  model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+  src = MemorySource({"kernel": np.ones((3, 2), np.float32), "bias": np.full(2, 2.0, np.float32)})
+  state = prj.restore(model, src)
+  nnx.update(model, state)
+  np.testing.assert_array_equal(model(jnp.ones((1, 3))), [[5.0, 5.0]])
+  abstract = nnx.eval_shape(lambda: nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+  state = prj.restore(nnx.state(abstract, nnx.Param), src)
+  assert isinstance(state, nnx.State) and state["bias"].value.tolist() == [2.0, 2.0]
+
+
+def test_equinox_module_target():
+  lin = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+  src = MemorySource({"weight": np.ones((2, 3), np.float32), "bias": np.zeros(2, np.float32)})
+  new = prj.restore(lin, src)
+  assert isinstance(new, eqx.nn.Linear)
+  np.testing.assert_array_equal(new(jnp.ones(3)), [3.0, 3.0])
+  assert float(lin.weight.sum()) != 6.0  # the input module is untouched
+
+
+# --- a real model with another layout -------------------------------------------------------------
+
+
+class Block(nnx.Module):
+  def __init__(self, d, *, rngs):
+    self.q = nnx.Linear(d, d, rngs=rngs)
+    self.k = nnx.Linear(d, d, rngs=rngs)
+    self.v = nnx.Linear(d, d, rngs=rngs)
+    self.mlp = nnx.Linear(d, d, rngs=rngs)
+
+  def __call__(self, x):
+    att = jax.nn.softmax(self.q(x) @ self.k(x).T / 4.0) @ self.v(x)
+    return x + jax.nn.gelu(self.mlp(att))
+
+
+class Tiny(nnx.Module):
+  def __init__(self, vocab=11, d=8, layers=2, *, rngs):
+    self.embed = nnx.Embed(vocab, d, rngs=rngs)
+    self.blocks = nnx.List([Block(d, rngs=rngs) for _ in range(layers)])
+
+  def __call__(self, ids):
+    x = self.embed(ids)
+    for b in self.blocks:
+      x = b(x)
+    return self.embed.attend(x)  # tied output projection
+
+
+def hf_style_checkpoint(model):
+  """The model's weights as an HF-style flat dict: [out, in] kernels, fused qkv, dotted names."""
+  st = nnx.state(model, nnx.Param)
+  out = {"model.embed_tokens.weight": np.asarray(st["embed"]["embedding"].value)}
+  for i, b in enumerate(st["blocks"].values() if hasattr(st["blocks"], "values") else st["blocks"]):
+    pre = f"model.layers.{i}"
+    out[f"{pre}.attn.qkv.weight"] = np.concatenate(
+      [np.asarray(b[n]["kernel"].value).T for n in "qkv"], 0
+    )
+    out[f"{pre}.attn.qkv.bias"] = np.concatenate([np.asarray(b[n]["bias"].value) for n in "qkv"], 0)
+    out[f"{pre}.mlp.weight"] = np.asarray(b["mlp"]["kernel"].value).T
+    out[f"{pre}.mlp.bias"] = np.asarray(b["mlp"]["bias"].value)
+  # safetensors.numpy.save_file writes an array's memory as it lies: make it row-major first
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def test_real_model_from_an_hf_style_layout(tmp_path):
+  original = Tiny(rngs=nnx.Rngs(0))
+  save_file(hf_style_checkpoint(original), str(tmp_path / "model.safetensors"))
+  src = SafetensorsSource(tmp_path / "model.safetensors")
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+  abstract = nnx.eval_shape(lambda: Tiny(rngs=nnx.Rngs(1)))
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=NamedSharding(mesh, P(None, "model") if x.ndim == 2 else P())
+    ),
+    nnx.state(abstract, nnx.Param),
+  )
+  d = 8
+  rules = {}
+  for i in range(2):
+    pre = f"model.layers.{i}"
+    for j, n in enumerate("qkv"):
+      rules[f"blocks/{i}/{n}/kernel"] = R.transpose(
+        R.source(f"{pre}.attn.qkv.weight", prj.Range(0, j * d, (j + 1) * d)), (1, 0)
+      )
+    rules.update(
+      {
+        f"blocks/{i}/{n}/bias": r
+        for n, r in R.fused_split(f"{pre}.attn.qkv.bias", 0, {"q": d, "k": d, "v": d}).items()
+      }
+    )
+    rules[f"blocks/{i}/mlp/kernel"] = R.transpose(R.source(f"{pre}.mlp.weight"), (1, 0))
+  state = prj.restore(
+    target,
+    src,
+    recipes=rules,
+    rename=[
+      (r"model\.layers\.(\d+)\.mlp\.bias", r"blocks/\1/mlp/bias"),
+      (r"model\.embed_tokens\.weight", "embed/embedding"),
+    ],
+  )
+  restored = nnx.eval_shape(lambda: Tiny(rngs=nnx.Rngs(1)))
+  graphdef, _ = nnx.split(restored)
+  model = nnx.merge(graphdef, state)
+  ids = jnp.arange(5)
+  np.testing.assert_allclose(model(ids), original(ids), rtol=1e-6, atol=1e-6)
+  assert state["blocks"][0]["q"]["kernel"].value.sharding.spec == P(None, "model")
+
+
+DEVICE_RECIPES = {
+  "transpose": (lambda: R.transpose(R.source("a"), (1, 0)), (8, 16)),
+  "reshape": (lambda: R.reshape(R.source("a"), (8, 16)), (8, 16)),
+  "view_u8": (lambda: R.view(R.source("a"), np.uint8, (16, 32)), (16, 32)),
+  "view_up": (lambda: R.view(R.source("bytes"), np.float32, (4, 8)), (4, 8)),
+  "concat_transpose": (
+    lambda: R.transpose(
+      R.concatenate([R.source("a", prj.Range(0, 0, 8)), R.source("b")], 0), (1, 0)
+    ),
+    (8, 16),
+  ),
+  "indices_cast_transpose": (
+    lambda: R.cast(
+      R.transpose(R.source("a", prj.Indices(0, (3, 1, 3, 0, 5, 6, 7, 2))), (1, 0)), jnp.bfloat16
+    ),
+    (8, 8),
+  ),
+  "stack_reshape": (
+    lambda: R.reshape(R.stack([R.source("b"), R.source("b")], 1), (16, 8)),
+    (16, 8),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_RECIPES))
+@pytest.mark.parametrize("layout", ["rows", "cols", "single"])
+def test_device_transform_matches_host_evaluation(name, layout):
+  rng = np.random.default_rng(0)
+  src = MemorySource(
+    {
+      "a": rng.standard_normal((16, 8)).astype(np.float32),
+      "b": rng.standard_normal((8, 8)).astype(np.float32),
+      "bytes": rng.integers(0, 255, (128,)).astype(np.uint8),
+    }
+  )
+  make, shape = DEVICE_RECIPES[name]
+  recipe = make()
+  mesh = jax.make_mesh((4, 2), ("x", "y"))
+  sharding = {
+    "rows": NamedSharding(mesh, P("x", None)),
+    "cols": NamedSharding(mesh, P(None, ("x", "y"))),
+    "single": jax.sharding.SingleDeviceSharding(jax.devices()[2]),
+  }[layout]
+  meta = R.infer(recipe, src)
+  out = prj.restore(
+    {"w": sds(shape, meta.dtype, sharding)}, src, recipes={"w": recipe}, exclude=["a", "b", "bytes"]
+  )["w"]
+  expected = R.evaluate(recipe, MemorySource(src._arrays))
+  np.testing.assert_array_equal(np.asarray(out).view(np.uint8), expected.view(np.uint8))
+  assert out.sharding == sharding
