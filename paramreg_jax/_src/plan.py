@@ -247,12 +247,11 @@ def plan_restore(
     >>> src = MemorySource({"fc.weight": np.ones((3, 2), np.float32), "fc.bias": np.zeros(3, np.float32)})
     >>> target = {"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32), "bias": jax.ShapeDtypeStruct((3,), np.float32)}}
     >>> plan = plan_restore(target, src, recipes={"fc/kernel": recipes.transpose(recipes.source("fc.weight"), (1, 0))},
-    ...                     rename={r"fc\\.bias": "fc/bias", r"fc\\.weight": None})
+    ...                     rename={r"fc\\.bias": "fc/bias"})
     >>> print(plan)  # doctest: +NORMALIZE_WHITESPACE
     RestorePlan: 2 parameters from MemorySource(2 tensors) (1 direct, 1 recipe, 0 alias; 0.00 MiB to build)
       n:fc/bias    (3,)           float32   <- 'fc.bias'
       n:fc/kernel  (2, 3)         float32   <- transpose(source('fc.weight'), (1, 0))
-      checkpoint keys not loaded: fc.weight
     >>> src.stats.reads
     0
   """
