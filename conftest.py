@@ -26,3 +26,7 @@ def devices():
 def strict_promotion():
   with jax.numpy_dtype_promotion("strict"):
     yield
+
+
+# Scripts that tests run as separate processes (they initialise jax.distributed at import).
+collect_ignore_glob = ["tests/*_worker.py"]

@@ -14,7 +14,9 @@ def test_demo_runs(tmp_path):
   ).stdout
   assert "on 8 cpu devices" in out
   assert "OrderingContractError" in out
-  assert "SurgeryReport: 4 kept, 2 added, 0 dropped, 0 re-initialised" in out
+  assert "SurgeryReport: 6 kept, 2 added, 0 dropped, 0 re-initialised" in out
+  assert "readout/kernel equals the trained head/kernel: True" in out
+  assert "payload bytes read while planning: 0" in out
   assert "== done" in out
 
 
@@ -23,3 +25,112 @@ def test_unknown_command_is_a_usage_error():
     [sys.executable, "-m", "paramreg_jax", "nope"], capture_output=True, text=True, timeout=120
   )
   assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+import json  # noqa: E402
+import textwrap  # noqa: E402
+
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
+
+
+def run_cli(*args, cwd=None):
+  return subprocess.run(
+    [sys.executable, "-m", "paramreg_jax", *args],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=cwd,
+  )
+
+
+TARGETS = textwrap.dedent(
+  """
+  import jax, numpy as np
+  from paramreg_jax import recipes as R
+
+  def good():
+    return {
+      "target": {"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32), "bias": jax.ShapeDtypeStruct((3,), np.float32)}},
+      "recipes": {"fc/kernel": R.transpose(R.source("fc.weight"), (1, 0))},
+      "rename": {r"fc\\.bias": "fc/bias"},
+    }
+
+  def bad():
+    return {"w": jax.ShapeDtypeStruct((3,), np.float32)}
+  """
+)
+
+
+def make_files(tmp_path):
+  save_file(
+    {"fc.weight": np.ones((3, 2), np.float32), "fc.bias": np.zeros(3, np.float32)},
+    str(tmp_path / "m.safetensors"),
+  )
+  (tmp_path / "cli_targets.py").write_text(TARGETS)
+
+
+def test_inspect_safetensors_and_orbax(tmp_path):
+  make_files(tmp_path)
+  r = run_cli("inspect", str(tmp_path / "m.safetensors"))
+  assert r.returncode == 0 and "2 tensors, 36 B" in r.stdout and "fc.weight  (3, 2)" in r.stdout
+  data = json.loads(run_cli("inspect", str(tmp_path / "m.safetensors"), "--json").stdout)
+  assert data["count"] == 2 and data["total_bytes"] == 36
+  assert data["tensors"][1] == {
+    "key": "fc.weight",
+    "shape": [3, 2],
+    "dtype": "float32",
+    "nbytes": 24,
+  }
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(tmp_path / "ob", {"dense": {"kernel": np.ones((4, 2), np.float32)}})
+  ckpt.wait_until_finished()
+  data = json.loads(run_cli("inspect", str(tmp_path / "ob"), "--json").stdout)
+  assert data["tensors"] == [
+    {"key": "dense/kernel", "shape": [4, 2], "dtype": "float32", "nbytes": 32}
+  ]
+
+
+def test_plan_ok_and_failing(tmp_path):
+  make_files(tmp_path)
+  r = run_cli("plan", str(tmp_path / "m.safetensors"), "--target", "cli_targets:good", cwd=tmp_path)
+  assert r.returncode == 0, r.stderr
+  assert "n:fc/kernel  (2, 3)" in r.stdout and "transpose(source('fc.weight'), (1, 0))" in r.stdout
+  r = run_cli(
+    "plan", str(tmp_path / "m.safetensors"), "--target", "cli_targets:bad", "--json", cwd=tmp_path
+  )
+  assert r.returncode == 1
+  data = json.loads(r.stdout)
+  assert data["ok"] is False and "n:w: missing from the checkpoint" in data["problems"][0]
+  ok = json.loads(
+    run_cli(
+      "plan",
+      str(tmp_path / "m.safetensors"),
+      "--target",
+      "cli_targets:good",
+      "--json",
+      cwd=tmp_path,
+    ).stdout
+  )
+  assert ok["ok"] is True and [e["key"] for e in ok["entries"]] == ["n:fc/bias", "n:fc/kernel"]
+
+
+def test_errors_are_one_line_unless_debug(tmp_path):
+  r = run_cli("inspect", str(tmp_path / "nope"))
+  assert r.returncode == 1 and r.stdout == ""
+  assert (
+    r.stderr.strip()
+    == f"paramreg-jax: error: FileNotFoundError: {tmp_path / 'nope'}: no such file or directory"
+  )
+  (tmp_path / "bad.safetensors").write_bytes(b"\x01")
+  r = run_cli("inspect", str(tmp_path / "bad.safetensors"))
+  assert (
+    r.returncode == 1
+    and len(r.stderr.strip().splitlines()) == 1
+    and "MalformedSafetensorsError" in r.stderr
+  )
+  r = run_cli("--debug", "inspect", str(tmp_path / "bad.safetensors"))
+  assert r.returncode == 1 and "Traceback" in r.stderr
+  r = run_cli("plan", str(tmp_path / "bad.safetensors"), "--target", "nocolon")
+  assert r.returncode == 1

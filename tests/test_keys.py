@@ -37,6 +37,8 @@ def test_prefixes():
     ((DK("x"), DK(""), DK("y")), "x/~2/y"),
     ((DK("layers"), DK(0), DK("kernel"), GA("value")), "layers/0/kernel"),
     ((DK("layers"), DK(0), DK("kernel"), GA("raw_value")), "layers/0/kernel"),
+    ((DK("layers"), DK(0), DK("kernel"), DK("value")), "layers/0/kernel"),  # orbax-saved NNX
+    ((DK("value"),), "value"),
     ((DK("ü"), DK("n:x")), "ü/n:x"),
   ],
 )

@@ -361,3 +361,22 @@ def test_resume_in_a_new_process_is_bit_exact(tmp_path):
   resumed = np.load(tmp_path / "out.npz")
   for name, leaf in zip(names, jax.tree.leaves(p)):
     np.testing.assert_array_equal(resumed[name], np.asarray(leaf), err_msg=name)
+
+
+def test_kept_state_follows_its_parameter_to_a_new_mesh():
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  devices = np.array(jax.devices())
+  old_mesh = jax.sharding.Mesh(devices.reshape(8), ("x",))
+  new_mesh = jax.sharding.Mesh(devices.reshape(4, 2), ("data", "model"))
+  old = {
+    "k": jax.device_put(jnp.arange(128.0).reshape(16, 8), NamedSharding(old_mesh, P(None, "x")))
+  }
+  new = {"k": jax.device_put(old["k"], NamedSharding(new_mesh, P(None, "model")))}
+  state = trained_state(TX, old)
+  moved, report = prj.reconcile(TX, state, new)
+  assert report.kept == ("n:k",)
+  for slot in ("mu", "nu"):
+    assert slot_values(moved, slot)["n:k"].sharding == new["k"].sharding
+    chex.assert_trees_all_equal(slot_values(moved, slot)["n:k"], slot_values(state, slot)["n:k"])

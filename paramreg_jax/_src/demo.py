@@ -1,7 +1,9 @@
 """The main job: ``python -m paramreg_jax demo``.
 
-A narrated walk through what the library does, on a small flax NNX model and 8 virtual CPU
-devices, in well under a minute. Each capability adds a chapter.
+A narrated walk through the library on a small flax NNX model and 8 virtual CPU devices, in well
+under a minute: canonical keys, a keyed optimizer, an orbax ``CheckpointManager`` save, model
+surgery (a layer added, a module renamed), a restore into a different sharded mesh through
+rename rules, the optimizer state reconciled by key, and training resumed.
 """
 
 from __future__ import annotations
@@ -12,14 +14,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import reconcile as reconcile_lib
 from paramreg_jax._src import registry
+from paramreg_jax._src import restore as restore_lib
+from paramreg_jax._src.plan import plan_restore
+from paramreg_jax._src.sources.orbax import OrbaxSource
 
 
 def say(title: str, body: str = "") -> None:
@@ -28,132 +35,160 @@ def say(title: str, body: str = "") -> None:
     print(textwrap.indent(textwrap.dedent(body).strip(), "   "))
 
 
-class MLP(nnx.Module):
-  """A tiny model whose layer list we will edit (model surgery)."""
+def indent(text: str) -> str:
+  return textwrap.indent(text, "   ")
 
-  def __init__(self, widths: tuple[int, ...], *, rngs: nnx.Rngs):
-    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])])
+
+class Net(nnx.Module):
+  """encoder -> hidden layers -> head; v2 adds a hidden layer and renames the head."""
+
+  def __init__(self, hidden: int = 1, head: str = "head", *, rngs: nnx.Rngs):
+    self.encoder = nnx.Linear(4, 16, rngs=rngs)
+    self.hidden = nnx.List([nnx.Linear(16, 16, rngs=rngs) for _ in range(hidden)])
+    setattr(self, head, nnx.Linear(16, 2, rngs=rngs))
+    self.head_name = head
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    for i, layer in enumerate(self.layers):
-      x = layer(x)
-      if i < len(self.layers) - 1:
-        x = jax.nn.relu(x)
-    return x
+    x = jax.nn.relu(self.encoder(x))
+    for layer in self.hidden:
+      x = x + 0.5 * jax.nn.relu(layer(x))
+    return getattr(self, self.head_name)(x)
 
 
-def chapter_registry(params: Any) -> registry.ParamRegistry:
-  say(
-    "1. Every parameter gets a canonical key from its tree path",
-    "assign_keys() walks the parameter pytree and names each leaf by its path.",
-  )
-  reg, keys = registry.assign_keys(registry.ParamRegistry(), params)
-  for key, leaf in zip(jax.tree.leaves(keys), jax.tree.leaves(params)):
-    print(f"   {key:<24} {leaf.shape!s:<10} {leaf.dtype}")
-  updated = jax.tree.map(lambda x: x * 0.5, params)
-  reg2, _ = registry.assign_keys(reg, updated)
-  print(f"   after an update step the registry is unchanged: {reg2 == reg}")
-
-  say(
-    "2. Positional identity is checked, never silently reset",
-    "Restoring positional keys p:0.. and presenting leaves in another order is an error:",
-  )
-  saved = {
-    k: reg.shape(registry.ParamId(i))
-    for i, k in enumerate(
-      registry.assign_keys(registry.ParamRegistry(), params, by="position")[0].keys()
-    )
-  }
-  restored = registry.ParamRegistry.from_keys(saved)
-  leaves = jax.tree.leaves(params)
-  try:
-    registry.assign_ids(restored, list(reversed(leaves)), by="position")
-  except errors.OrderingContractError as e:
-    print(
-      textwrap.fill(
-        f"OrderingContractError: {e}", 96, initial_indent="   ", subsequent_indent="     "
-      )
-    )
-  return reg
+X = jnp.linspace(-1.0, 1.0, 64 * 4).reshape(64, 4)
+Y = jnp.stack([jnp.sin(3 * X.sum(1)), jnp.cos(2 * X.sum(1))], axis=1)
 
 
-def train(model: MLP, tx: Any, state: Any, steps: int) -> tuple[Any, float]:
-  """A few jitted SGD steps on a fixed regression batch; returns the new state and the loss."""
-  graphdef, params = nnx.split(model, nnx.Param)[:2]
-  x = jnp.linspace(-1.0, 1.0, 32 * 4).reshape(32, 4)
-  y = jnp.stack([jnp.sin(x.sum(1)), jnp.cos(x.sum(1))], axis=1)
-
+def train(graphdef: Any, params: Any, tx: Any, state: Any, steps: int) -> tuple[Any, Any, float]:
   @jax.jit
-  def step(params, state):
-    def loss_fn(p):
-      out = nnx.merge(graphdef, p, nnx.state(model, nnx.Not(nnx.Param)))(x)
-      return jnp.mean((out - y) ** 2)
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+  def step(params: Any, state: Any) -> tuple[Any, Any, jax.Array]:
+    loss, grads = jax.value_and_grad(lambda p: jnp.mean((nnx.merge(graphdef, p)(X) - Y) ** 2))(
+      params
+    )
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state, loss
 
   loss = jnp.inf
   for _ in range(steps):
     params, state, loss = step(params, state)
-  nnx.update(model, params)
-  return state, float(loss)
+  return params, state, float(loss)
 
 
-def chapter_keyed(workdir: str) -> None:
+def shard(params: Any, mesh: jax.sharding.Mesh, axis: str) -> Any:
+  """Kernels split along their output axis over ``axis`` where it divides; the rest replicated."""
+
+  def place(x: Any) -> Any:
+    spec = P(None, axis) if x.ndim == 2 and x.shape[1] % mesh.shape[axis] == 0 else P()
+    return NamedSharding(mesh, spec)
+
+  return jax.tree.map(place, params)
+
+
+def chapter_keys(params: Any) -> None:
+  say("1. Every parameter gets a canonical key from its tree path")
+  reg, keys = registry.assign_keys(registry.ParamRegistry(), params)
+  for key, leaf in zip(jax.tree.leaves(keys), jax.tree.leaves(params)):
+    print(f"   {key:<24} {leaf.shape!s:<10} {leaf.dtype}")
+  reg2, _ = registry.assign_keys(reg, jax.tree.map(lambda x: x * 0.5, params))
+  print(f"   after an update the registry is unchanged (same ids): {reg2 == reg}")
+
   say(
-    "3. Optimizer state keyed by parameter, surviving model surgery",
-    """
-    keyed(tx) wraps any optax transformation; its moments are stored by canonical key
-    and its updates are bit-identical to tx's.
-    """,
+    "2. Positional identity is checked, never silently reset",
+    "Restoring p:0.. keys and presenting the leaves in another order:",
   )
-  tx = keyed_lib.keyed(optax.adamw(3e-2))
-  model = MLP((4, 16, 2), rngs=nnx.Rngs(0))
-  state = tx.init(nnx.state(model, nnx.Param))
-  state, loss = train(model, tx, state, 60)
-  print(f"   trained 60 steps, loss {loss:.4f}; adam moments for: {sorted(state[0].mu)[:2]} ...")
-  ckpt = ocp.StandardCheckpointer()
-  ckpt.save(f"{workdir}/opt", state)
-  ckpt.wait_until_finished()
-  print(f"   saved the optimizer state with orbax to {workdir}/opt")
-
-  say(
-    "4. Model surgery: insert a hidden layer, then resume",
-    "The checkpoint is restored without a target (the old model is gone) and reconciled by key.",
-  )
-  bigger = MLP((4, 16, 16, 2), rngs=nnx.Rngs(1))
-  # Keep the trained first layer; the old output layer (layers/1) becomes layers/2.
-  old = nnx.state(model, nnx.Param)
-  new = nnx.state(bigger, nnx.Param)
-  new["layers"][0] = old["layers"][0]
-  new["layers"][2] = old["layers"][1]
-  nnx.update(bigger, new)
-  raw = ckpt.restore(f"{workdir}/opt")
-  rename = {f"n:layers/1/{leaf}": f"n:layers/2/{leaf}" for leaf in ("kernel", "bias")}
+  positional, _ = registry.assign_keys(registry.ParamRegistry(), params, by="position")
+  saved = {k: positional.shape(registry.ParamId(i)) for i, k in enumerate(positional.keys())}
   try:
-    reconcile_lib.reconcile(tx, raw, new)
-  except errors.ReconcileError as e:
-    first = str(e).splitlines()
-    print("   without a rename, the moved layer's moments do not fit its new slot:")
-    print("\n".join("     " + line for line in first[:4]))
-  state, report = reconcile_lib.reconcile(tx, raw, new, rename=rename)
-  print("   with rename={'n:layers/1/*': 'n:layers/2/*'}:")
-  print(textwrap.indent(str(report), "   "))
-  state, loss = train(bigger, tx, state, 40)
-  print(f"   resumed: 40 more steps on the bigger model, loss {loss:.4f}")
+    registry.assign_ids(
+      registry.ParamRegistry.from_keys(saved),
+      list(reversed(jax.tree.leaves(params))),
+      by="position",
+    )
+  except errors.OrderingContractError as e:
+    print(
+      textwrap.fill(
+        f"OrderingContractError: {e}", 96, initial_indent="   ", subsequent_indent="     "
+      )
+    )
 
 
 def run(*, workdir: str | None = None) -> None:
   """Runs every chapter of the demo and prints what happens."""
+  import orbax.checkpoint as ocp
+
   with tempfile.TemporaryDirectory() as tmp:
     workdir = workdir or tmp
+    devices = np.array(jax.devices())
     say(
-      "paramreg_jax demo",
-      f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} devices",
+      "paramreg_jax demo", f"jax {jax.__version__} on {len(devices)} {devices[0].platform} devices"
     )
-    model = MLP((4, 16, 2), rngs=nnx.Rngs(0))
-    params = nnx.state(model, nnx.Param)
-    chapter_registry(params)
-    chapter_keyed(workdir)
-    say("done")
+    v1 = Net(hidden=1, head="head", rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(v1, nnx.Param)
+    chapter_keys(params)
+
+    say(
+      "3. Train with a keyed optimizer, save params + optimizer state with orbax",
+      "keyed(adamw) gives bit-identical updates; its moments are stored by key.",
+    )
+    mesh8 = jax.sharding.Mesh(devices.reshape(8), ("x",))
+    params = jax.device_put(params, shard(params, mesh8, "x"))
+    tx = keyed_lib.keyed(optax.adamw(2e-2))
+    params, state, loss = train(graphdef, params, tx, tx.init(params), 80)
+    print(f"   80 steps on mesh {dict(mesh8.shape)}, loss {loss:.4f}")
+    print(f"   adam moments held for: {', '.join(sorted(state[0].mu)[:3])}, ...")
+    manager = ocp.CheckpointManager(f"{workdir}/ckpts", item_names=("params", "opt"))
+    manager.save(
+      80,
+      args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt=ocp.args.StandardSave(state)
+      ),
+    )
+    manager.wait_until_finished()
+    print(f"   CheckpointManager step 80 -> {workdir}/ckpts (items: params, opt)")
+
+    say(
+      "4. Model surgery: add a hidden layer, rename 'head' to 'readout'",
+      "The new model is only described abstractly (nnx.eval_shape), on a (4, 2) mesh.",
+    )
+    mesh42 = jax.sharding.Mesh(devices.reshape(4, 2), ("data", "model"))
+    v2_abstract = nnx.eval_shape(lambda: Net(hidden=2, head="readout", rngs=nnx.Rngs(1)))
+    graphdef2, abstract = nnx.split(v2_abstract, nnx.Param)
+    shardings = shard(abstract, mesh42, "model")
+    target = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    )
+    src = OrbaxSource(f"{workdir}/ckpts", item="params")
+    try:
+      plan_restore(target, src)
+    except errors.RestorePlanError as e:
+      print("   a naive restore is refused before reading anything:")
+      for p in e.problems:
+        print(f"     - {p}")
+    rename = [(r"head/(.*)", r"readout/\1"), (r"(.*)", r"\1")]
+    plan = plan_restore(target, src, rename=rename, exclude=["hidden/1/**"])
+    print("   with rename rules (head/* -> readout/*) and the new layer excluded:")
+    print(indent(str(plan)))
+    print(f"   payload bytes read while planning: {src.stats.bytes_read}")
+
+    say("5. Materialize into the new mesh, then bind all or nothing")
+    fresh = nnx.state(Net(hidden=2, head="readout", rngs=nnx.Rngs(1)), nnx.Param)
+    fresh = jax.device_put(fresh, shardings)  # the new layer keeps this initialisation
+    unit = restore_lib.materialize(plan)
+    new_params = restore_lib.bind(fresh, unit, exclude=["hidden/1/**"])
+    kernel = new_params["readout"]["kernel"].value
+    print(
+      f"   {len(unit)} weights built, {src.stats.bytes_read} bytes read; readout/kernel on "
+      f"{kernel.sharding.spec} over mesh {dict(mesh42.shape)}"
+    )
+    same = bool(jnp.all(kernel == params["head"]["kernel"].value))
+    print(f"   readout/kernel equals the trained head/kernel: {same}")
+
+    say("6. Resume the optimizer: restore without a target, reconcile by key")
+    raw = manager.restore(80, args=ocp.args.Composite(opt=ocp.args.StandardRestore()))["opt"]
+    key_rename = {f"n:head/{n}": f"n:readout/{n}" for n in ("kernel", "bias")}
+    state, report = reconcile_lib.reconcile(tx, raw, new_params, rename=key_rename)
+    print(indent(str(report)))
+    new_params, state, loss = train(graphdef2, new_params, tx, state, 60)
+    print(f"   60 more steps on the bigger model, loss {loss:.4f}")
+    manager.close()
+    say("done", "Everything above is in the README and the notebooks.")

@@ -5,7 +5,8 @@ by ``/``. Components are escaped JSON-Pointer style (RFC 6901), ``~`` → ``~0``
 ``~1``, plus one extension: the empty component is written ``~2`` so that every name component
 is non-empty and ``name_to_path`` inverts ``path_to_name`` exactly. Int keys and their decimal
 strings give the same component (orbax turns ``{0: x}`` into ``{'0': x}``). The trailing
-``value``/``raw_value`` attribute of a flax NNX ``Variable`` is not part of the name.
+``value``/``raw_value`` of a flax NNX ``Variable`` is not part of the name, whether it is the
+live attribute or the ``'value'`` dict key orbax writes for a saved ``nnx.State``.
 
 Canonical keys are ``n:<name>`` (named) and ``p:<index>`` (positional, the flatten order).
 """
@@ -116,6 +117,15 @@ def _escaped(entry: Any) -> str:
   return k
 
 
+def _is_value_entry(entry: Any) -> bool:
+  """A trailing NNX ``.value``: an attribute on a live ``Variable``, or the ``'value'`` dict key
+  orbax writes when it saves an ``nnx.State`` (so both name the same parameter)."""
+  t = type(entry)
+  if t is _GetAttrKey:
+    return entry.name in _NNX_VALUE_ATTRS
+  return t is _DictKey and entry.key in _NNX_VALUE_ATTRS
+
+
 def path_to_name(path: Sequence[Any]) -> str:
   """Converts a ``jax.tree_util`` key path to its canonical name.
 
@@ -136,11 +146,7 @@ def path_to_name(path: Sequence[Any]) -> str:
     >>> [path_to_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
     ['a~1b', 'encoder/0/kernel']
   """
-  if (
-    len(path) > 1
-    and type(path[-1]) is jax.tree_util.GetAttrKey
-    and path[-1].name in _NNX_VALUE_ATTRS
-  ):
+  if len(path) > 1 and _is_value_entry(path[-1]):
     path = path[:-1]
   if not path:
     raise errors.MalformedKeyError(

@@ -23,6 +23,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
+from paramreg_jax._src import registry as registry_lib
 
 Path = tuple[str, ...]
 
@@ -60,12 +61,13 @@ class SurgeryReport:
       ("added", self.added),
       ("dropped", self.dropped),
       ("re-initialised", self.reinitialized),
+      ("renamed", tuple(f"{a} -> {b}" for a, b in self.renamed)),
     ]
 
   @property
   def changed(self) -> bool:
     """Whether anything other than keeping state happened."""
-    return bool(self.added or self.dropped or self.reinitialized)
+    return bool(self.added or self.dropped or self.reinitialized or self.renamed)
 
   def __str__(self) -> str:
     head = (
@@ -81,6 +83,7 @@ class SurgeryReport:
       "added": "#1565c0",
       "dropped": "#c62828",
       "re-initialised": "#ef6c00",
+      "renamed": "#6a1b9a",
     }
     rows = "".join(
       f"<tr><td style='color:{colors[label]};font-weight:bold'>{label}</td>"
@@ -237,15 +240,22 @@ def reconcile(
     fresh_values = {
       _components(p): x for p, x in jax.tree_util.tree_flatten_with_path(tx.init(params))[0]
     }
+  placement = _param_shardings(params, keyed_lib.keyed_info(tx)[1])  # type: ignore[index]
   leaves = []
   for path, _ in fresh_flat:
     comps = _components(path)
     if comps in needs_init:
       assert fresh_values is not None
       leaves.append(fresh_values[comps])
-    else:
-      value = old[comps]
-      leaves.append(value if isinstance(value, jax.Array) else jnp.asarray(value))
+      continue
+    kept = old[comps]
+    kept = kept if isinstance(kept, jax.Array) else jnp.asarray(kept)
+    # State that mirrors a parameter follows it to its (possibly new) mesh, bit-exact.
+    param = placement.get(slot_paths[comps][1]) if comps in slot_paths else None
+    if param is not None and param[0] == kept.shape:
+      if not kept.sharding.is_equivalent_to(param[1], kept.ndim):
+        kept = jax.device_put(kept, param[1])
+    leaves.append(kept)
   new_state = jax.tree_util.tree_unflatten(fresh_treedef, leaves)
   report = SurgeryReport(
     kept=tuple(sorted(fresh_keys & old_keys - reinit_keys)),
@@ -255,6 +265,17 @@ def reconcile(
     renamed=renamed,
   )
   return new_state, report
+
+
+def _param_shardings(params: Any, by: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """``{key: (shape, sharding)}`` of the parameters that are placed ``jax.Array``s."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys, _ = registry_lib.tree_keys(params, treedef, by=by)
+  return {
+    k: (tuple(x.shape), x.sharding)
+    for k, x in zip(keys, leaves)
+    if isinstance(x, jax.Array) and isinstance(getattr(x, "sharding", None), jax.sharding.Sharding)
+  }
 
 
 def _renamed_old_state(
