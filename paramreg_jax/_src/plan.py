@@ -71,7 +71,7 @@ class PlanEntry:
     return str(self.recipe)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class RestorePlan:
   """An immutable, validated restore plan (see :func:`plan_restore`).
 
@@ -132,6 +132,13 @@ class RestorePlan:
     if self.ignored:
       lines.append(f"  checkpoint keys not loaded: {', '.join(self.ignored)}")
     return "\n".join(lines)
+
+  def __repr__(self) -> str:
+    c = self.counts()
+    return (
+      f"RestorePlan({len(self.entries)} parameters from {self.source!r}: {c['direct']} direct, "
+      f"{c['recipe']} recipe, {c['alias']} alias)"
+    )
 
   def _repr_html_(self) -> str:
     rows = "".join(
