@@ -24,8 +24,12 @@ def run_case(case: str, workdir: str, tensors: int, rows: int, cols: int) -> dic
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
   import jax
   import numpy as np
+  import orbax.checkpoint  # noqa: F401  (imports are not what we measure)
+  import safetensors.numpy  # noqa: F401
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
+
+  import paramreg_jax  # noqa: F401
 
   mesh = jax.make_mesh((8,), ("x",))
   names = [f"layer_{i:03d}" for i in range(tensors)]

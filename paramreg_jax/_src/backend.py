@@ -210,6 +210,7 @@ class JaxBackend:
         if hasattr(e, "add_note"):
           e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
         raise
+      hosts, targets, owners = [], [], []
       for (i, region, devices, _), host in zip(batch, values):
         context = items[i][0]
         want, dtype = sel_lib.region_shape(region), np.dtype(context.dtype)
@@ -219,9 +220,14 @@ class JaxBackend:
             f"{host.dtype}, expected {want} {dtype.name} (corrupt data?)",
             context.key,
           )
-        put = [jax.device_put(host, d) for d in devices]
-        shards[i].extend(put)
-        context.track(host.nbytes, put)
+        for k, d in enumerate(devices):
+          hosts.append(host)
+          targets.append(d)
+          owners.append((i, host.nbytes if k == 0 else 0))  # a replicated region counts once
+      put = jax.device_put(hosts, targets)  # one batched transfer call for the whole batch
+      for (i, nbytes), array in zip(owners, put):
+        shards[i].append(array)
+        items[i][0].track(nbytes, [array])
       batch.clear()
 
     batch_bytes = 0

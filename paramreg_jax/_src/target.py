@@ -8,6 +8,7 @@ module stands for ``nnx.state(module, nnx.Param)``.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import jax
@@ -39,11 +40,8 @@ def is_slot(leaf: Any) -> bool:
 
 def as_state(target: Any) -> Any:
   """An NNX module's ``Param`` state; anything else unchanged."""
-  try:
-    from flax import nnx
-  except ImportError:  # pragma: no cover
-    return target
-  if isinstance(target, nnx.Module):
+  nnx = sys.modules.get("flax.nnx")  # not imported -> the target cannot be an NNX module
+  if nnx is not None and isinstance(target, nnx.Module):
     return nnx.state(target, nnx.Param)
   return target
 

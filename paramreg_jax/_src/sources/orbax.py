@@ -127,23 +127,39 @@ class OrbaxSource(source_lib.BaseSource):
     return entry[0]
 
   def _store(self, key: str) -> Any:
+    return self._open([key])[key]
+
+  def _open(self, keys: Any) -> dict[str, Any]:
+    """The tensorstores of ``keys``; unopened ones are opened concurrently (opening dominates
+    the cost of reading many small arrays)."""
     with self._open_lock:
-      store = self._stores.get(key)
-      if store is None:
+      missing = [k for k in dict.fromkeys(keys) if k not in self._stores]
+      if missing:
         import tensorstore as ts
         from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
 
         if self._context is None:
           self._context = tsu.get_ts_context(use_ocdbt=self._use_ocdbt)
-        spec = tsu.ArrayReadSpec(
-          directory=str(self.path),
-          relative_array_filename=self._entries[key][1],
-          use_zarr3=self._use_zarr3,
-          use_ocdbt=self._use_ocdbt,
-        ).json
-        store = ts.open(spec, context=self._context, open=True, read=True).result()
-        self._stores[key] = store
-      return store
+        futures = {
+          k: ts.open(
+            tsu.ArrayReadSpec(
+              directory=str(self.path),
+              relative_array_filename=self._entries[k][1],
+              use_zarr3=self._use_zarr3,
+              use_ocdbt=self._use_ocdbt,
+            ).json,
+            context=self._context,
+            open=True,
+            read=True,
+          )
+          for k in missing
+        }
+        for k, fut in futures.items():
+          try:
+            self._stores[k] = fut.result()
+          except Exception as e:  # tensorstore raises ValueError/RuntimeError variants
+            raise errors.SourceIOError(f"{k}: cannot open its array in {self.path}: {e}", k) from e
+      return {k: self._stores[k] for k in keys}
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     store = self._store(key)
@@ -152,10 +168,10 @@ class OrbaxSource(source_lib.BaseSource):
 
   def read_many(self, requests: Any) -> list[np.ndarray]:
     """Issues every tensorstore read before waiting on any (overlapping I/O and decoding)."""
-    futures = []
-    for key, region in requests:
+    for key, _ in requests:
       self.metadata(key)
-      futures.append(self._store(key)[sel_lib.region_slices(region)].read())
+    stores = self._open([key for key, _ in requests])
+    futures = [stores[key][sel_lib.region_slices(region)].read() for key, region in requests]
     out = []
     for (key, region), fut in zip(requests, futures):
       try:
