@@ -535,3 +535,15 @@ def test_device_transform_matches_host_evaluation(name, layout):
   expected = R.evaluate(recipe, MemorySource(src._arrays))
   np.testing.assert_array_equal(np.asarray(out).view(np.uint8), expected.view(np.uint8))
   assert out.sharding == sharding
+
+
+def test_flax_linen_params_target():
+  import flax.linen as nn
+
+  variables = nn.Dense(2).init(jax.random.key(0), jnp.ones((1, 3)))
+  src = MemorySource(
+    {"params/kernel": np.ones((3, 2), np.float32), "params/bias": np.full(2, 0.5, np.float32)}
+  )
+  new = prj.restore(variables, src)
+  np.testing.assert_array_equal(nn.Dense(2).apply(new, jnp.ones((1, 3))), [[3.5, 3.5]])
+  assert float(variables["params"]["bias"].sum()) == 0.0

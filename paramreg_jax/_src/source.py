@@ -153,19 +153,29 @@ class BaseSource:
 
   def read_region(self, key: str, region: sel_lib.Region) -> np.ndarray:
     """One physical read of ``region`` of ``key`` (counted in ``stats``)."""
-    physical = self._physical_bytes(key, region)
     try:
       out = self._read(key, region)
     except errors.ParamRegError:
       raise
     except (OSError, ValueError, RuntimeError) as e:
-      raise errors.SourceIOError(
-        f"{key}: reading {sel_lib.region_slices(region)} failed: {e}", key
-      ) from e
+      raise self.read_failed(key, region, e) from e
+    self.count_read(key, region)
+    return out
+
+  def read_failed(
+    self, key: str, region: sel_lib.Region, cause: BaseException
+  ) -> errors.SourceIOError:
+    """The error for a failed physical read (one message for every source)."""
+    return errors.SourceIOError(
+      f"{key}: reading {sel_lib.region_slices(region)} failed: {cause}", key
+    )
+
+  def count_read(self, key: str, region: sel_lib.Region) -> None:
+    """Records one physical read of ``region`` in ``stats``."""
+    physical = self._physical_bytes(key, region)
     with self._lock:
       self._reads += 1
       self._bytes += physical
-    return out
 
   def read_many(self, requests: Sequence[tuple[str, sel_lib.Region]]) -> list[np.ndarray]:
     """Several physical reads; sources that can overlap I/O (orbax) issue them concurrently.

@@ -177,12 +177,8 @@ class OrbaxSource(source_lib.BaseSource):
       try:
         value = np.asarray(fut.result(), dtype=self._entries[key][0].dtype)
       except (OSError, ValueError, RuntimeError) as e:
-        raise errors.SourceIOError(
-          f"{key}: reading {sel_lib.region_slices(region)} failed: {e}", key
-        ) from e
-      with self._lock:
-        self._reads += 1
-        self._bytes += self._physical_bytes(key, region)
+        raise self.read_failed(key, region, e) from e
+      self.count_read(key, region)
       out.append(value)
     return out
 
