@@ -117,3 +117,34 @@ def test_parse_key_valid():
   assert keys_lib.parse_key("p:12").index == 12
   assert keys_lib.parse_key("n:a~1b/c").name == "a~1b/c"
   assert keys_lib.is_canonical_key("n:x") and not keys_lib.is_canonical_key("x")
+
+
+SHARED = jax.tree_util.GetAttrKey("w")  # a custom node that reuses one key object everywhere
+
+
+class Shared:
+  def __init__(self, w):
+    self.w = w
+
+
+jax.tree_util.register_pytree_with_keys(
+  Shared, lambda n: (((SHARED, n.w),), None), lambda _, c: Shared(*c)
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+  st.recursive(
+    st.just(1.0),
+    lambda kids: st.one_of(
+      st.dictionaries(st.text(alphabet="ab/~v", max_size=3), kids, min_size=1, max_size=3),
+      st.lists(kids, min_size=1, max_size=3),
+      kids.map(Shared),
+    ),
+    max_leaves=12,
+  )
+)
+def test_paths_to_names_equals_path_to_name(tree):
+  tree = {"root": tree, "value": {"value": 2.0}}
+  paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  assert keys_lib.paths_to_names(paths) == [prj.path_to_name(p) for p in paths]

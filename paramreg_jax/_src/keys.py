@@ -156,6 +156,32 @@ def path_to_name(path: Sequence[Any]) -> str:
   return "/".join(map(_escaped, path))
 
 
+def paths_to_names(paths: Sequence[Sequence[Any]]) -> list[str]:
+  """``[path_to_name(p) for p in paths]``, sharing the work for common prefixes.
+
+  ``tree_flatten_with_path`` hands sibling leaves the *same* prefix entry objects, so a prefix
+  is memoised by the identities of its entries (the same objects always spell the same name).
+  """
+  memo: dict[tuple[int, ...], str] = {}
+  out: list[str] = []
+  append = out.append
+  for path in paths:
+    n = len(path)
+    if n > 1 and _is_value_entry(path[-1]):
+      path = path[:-1]
+      n -= 1
+    if n <= 1:
+      append(path_to_name(path))
+      continue
+    prefix_ids = tuple(map(id, path[:-1]))
+    prefix = memo.get(prefix_ids)
+    if prefix is None:
+      prefix = "/".join(map(_escaped, path[:-1]))
+      memo[prefix_ids] = prefix
+    append(prefix + "/" + _escaped(path[-1]))
+  return out
+
+
 def name_to_path(name: str) -> tuple[str, ...]:
   """Splits a canonical name into its raw (unescaped) components.
 

@@ -493,7 +493,7 @@ def tree_keys(tree: Any, treedef: Any, *, by: By) -> tuple[tuple[str, ...], tupl
     )
   else:
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    names = tuple(keys_lib.path_to_name(p) for p, _ in flat)
+    names = tuple(keys_lib.paths_to_names([p for p, _ in flat]))
     if len(set(names)) != len(names):
       raise_collisions(names, [p for p, _ in flat])
     result = (tuple(keys_lib.NAMED_KEY_PREFIX + n for n in names), names)

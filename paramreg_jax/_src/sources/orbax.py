@@ -100,7 +100,7 @@ class OrbaxSource(source_lib.BaseSource):
       tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
     )
     flat = [(p, x) for p, x in flat if hasattr(x, "shape") and hasattr(x, "dtype")]
-    names = tuple(keys_lib.path_to_name(p) for p, _ in flat)
+    names = tuple(keys_lib.paths_to_names([p for p, _ in flat]))
     if len(set(names)) != len(names):
       registry_lib.raise_collisions(names, [p for p, _ in flat])
     self._entries: dict[str, tuple[source_lib.TensorMetadata, str, tuple[int, ...] | None]] = {}
