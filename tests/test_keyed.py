@@ -283,3 +283,18 @@ def test_orbax_round_trip_without_target_then_reconcile(tmp_path):
   again, report = prj.reconcile(tx, raw, WEIRD)
   assert_bit_identical(again, state)
   assert report.kept == tuple(sorted(prj.state_keys(state))) and not report.changed
+
+
+def test_keyed_state_is_a_well_behaved_pytree():
+  import pickle
+
+  params = make_params()
+  state = prj.keyed(optax.adam(1e-2)).init(params)
+  again = pickle.loads(pickle.dumps(state))
+  assert jax.tree.structure(again) == jax.tree.structure(state)
+  assert_bit_identical(again, state)
+  mapped = jax.tree.map(lambda x: x + 1, state)
+  assert isinstance(mapped[0].mu, prj.KeyedSlots) and list(mapped[0].mu) == list(state[0].mu)
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  assert_bit_identical(jax.tree_util.tree_unflatten(treedef, leaves), state)
+  assert "KeyedSlots({'n:enc/bias': (130,)" in repr(state[0].mu)

@@ -94,6 +94,9 @@ class KeyedSlots(Mapping[str, Any]):
   def __len__(self) -> int:
     return len(self._leaves)
 
+  def __reduce__(self) -> tuple[Any, ...]:
+    return (KeyedSlots, (self._layout, self._leaves))
+
   def __repr__(self) -> str:
     items = ", ".join(
       f"{k!r}: {getattr(v, 'shape', v)}" for k, v in zip(self._layout.keys, self._leaves)
