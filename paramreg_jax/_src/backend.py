@@ -156,15 +156,6 @@ class JaxBackend:
         "unless jax_enable_x64 is set; cast it explicitly or enable x64"
       )
 
-  def _build(
-    self,
-    read: Callable[[sel_lib.Region], np.ndarray],
-    context: MaterializationContext,
-    read_many: Callable[[list[sel_lib.Region]], list[np.ndarray]] | None = None,
-  ) -> Materialization:
-    many = None if read_many is None else (lambda reqs: read_many([r for _, r in reqs]))
-    return self._build_many([(context, read)], many)[0]
-
   def _build_many(
     self,
     items: list[tuple[MaterializationContext, Callable[[sel_lib.Region], np.ndarray]]],
@@ -189,6 +180,11 @@ class JaxBackend:
       if not batch:
         return
       culprit = items[batch[0][0]][0].key
+
+      def owner_of(source_key: str | None) -> str:  # the target key that read ``source_key``
+        hits = (items[i][0].key for i, _, _, _ in batch if items[i][0].source_key == source_key)
+        return next(hits, culprit)
+
       try:
         if read_many is not None:
           values = read_many([(i, r) for i, r, _, _ in batch])
@@ -198,15 +194,11 @@ class JaxBackend:
             culprit = items[i][0].key
             values.append(items[i][1](r))
       except errors.SourceIOError as e:
-        culprit = next(
-          (items[i][0].key for i, _, _, _ in batch if e.key == items[i][0].source_key), culprit
-        )
+        culprit = owner_of(e.key) if read_many is not None else culprit
         raise errors.MaterializationError(f"{culprit}: {e}", culprit) from e
       except KeyboardInterrupt as e:
-        key = getattr(e, "paramreg_source_key", None)
-        culprit = next(
-          (items[i][0].key for i, _, _, _ in batch if key == items[i][0].source_key), culprit
-        )
+        if read_many is not None:
+          culprit = owner_of(getattr(e, "paramreg_source_key", None))
         if hasattr(e, "add_note"):
           e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
         raise
@@ -282,9 +274,8 @@ class JaxBackend:
     whose output sharding is the target's.
     """
     if not device_lib.wants_device_transform(recipe):
-      return self._build(
-        lambda r: evaluate_lib.evaluate(recipe, source, sel_lib.region_slices(r)), context
-      )
+      read = lambda r: evaluate_lib.evaluate(recipe, source, sel_lib.region_slices(r))  # noqa: E731
+      return self._build_many([(context, read)])[0]
     leaves = device_lib.leaves(recipe)
     requests = []
     for leaf in leaves:
