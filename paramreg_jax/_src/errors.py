@@ -8,6 +8,7 @@ or tree path, the expected and the actual value, and the fix.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Sequence
 
 
 class ParamRegError(ValueError):
@@ -212,6 +213,12 @@ class BindError(ParamRegError):
   def __init__(self, message: str, problems: tuple[str, ...] = ()):
     super().__init__(message)
     self.problems = problems
+
+
+def collected(what: str, problems: Sequence[str], outcome: str) -> str:
+  """``cannot <what>: N problem(s); <outcome>:`` and the problems as bullets (one format for
+  every all-at-once report)."""
+  return f"cannot {what}: {len(problems)} problem(s); {outcome}:" + bullet_list(problems)
 
 
 def bullet_list(lines: Iterable[str]) -> str:

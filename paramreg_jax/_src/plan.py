@@ -420,8 +420,7 @@ def plan_restore(
     )
   if problems:
     raise errors.RestorePlanError(
-      f"cannot plan the restore from {source!r}: {len(problems)} problem(s); nothing was read:"
-      + errors.bullet_list(problems),
+      errors.collected(f"plan the restore from {source!r}", problems, "nothing was read"),
       tuple(problems),
     )
   return RestorePlan(

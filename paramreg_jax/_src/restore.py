@@ -239,9 +239,7 @@ def bind(
       )
   if problems:
     raise errors.BindError(
-      f"cannot bind: {len(problems)} problem(s); the target is unchanged:"
-      + errors.bullet_list(problems),
-      tuple(problems),
+      errors.collected("bind", problems, "the target is unchanged"), tuple(problems)
     )
   new_leaves = list(leaves)
   for key, slot in wanted.items():
