@@ -43,7 +43,8 @@ class MemorySource(source_lib.BaseSource):
     return source_lib.TensorMetadata(arr.shape, arr.dtype)
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    return np.array(self._arrays[key][sel_lib.region_slices(region)])
+    arr = self._arrays[key]
+    return source_lib.read_into_aligned(arr[sel_lib.region_slices(region)], arr.dtype)
 
   def __repr__(self) -> str:
     return f"MemorySource({len(self._keys)} tensors)"

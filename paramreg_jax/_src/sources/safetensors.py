@@ -256,7 +256,8 @@ class SafetensorsSource(source_lib.BaseSource):
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     f = self._where[key]
-    out = np.array(f.view(key)[sel_lib.region_slices(region)])
+    view = f.view(key)
+    out = source_lib.read_into_aligned(view[sel_lib.region_slices(region)], view.dtype)
     f.release(key, region)
     return out
 
