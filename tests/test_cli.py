@@ -134,3 +134,12 @@ def test_errors_are_one_line_unless_debug(tmp_path):
   assert r.returncode == 1 and "Traceback" in r.stderr
   r = run_cli("plan", str(tmp_path / "bad.safetensors"), "--target", "nocolon")
   assert r.returncode == 1
+
+
+def test_console_script_is_installed():
+  import pathlib
+
+  script = pathlib.Path(sys.executable).parent / "paramreg-jax"
+  assert script.exists(), "pip install -e . installs the paramreg-jax command"
+  r = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0 and "inspect" in r.stdout and "plan" in r.stdout and "demo" in r.stdout
