@@ -547,3 +547,16 @@ def test_flax_linen_params_target():
   new = prj.restore(variables, src)
   np.testing.assert_array_equal(nn.Dense(2).apply(new, jnp.ones((1, 3))), [[3.5, 3.5]])
   assert float(variables["params"]["bias"].sum()) == 0.0
+
+
+def test_same_recipe_structure_compiles_once():
+  from paramreg_jax._src.recipes import device
+
+  device._compiled.cache_clear()
+  src = MemorySource({f"l{i}.w": np.full((8, 4), i, np.float32) for i in range(6)})
+  target = {f"l{i}": sds((4, 8)) for i in range(6)}
+  out = prj.restore(
+    target, src, recipes={f"l{i}": R.transpose(R.source(f"l{i}.w"), (1, 0)) for i in range(6)}
+  )
+  assert device._compiled.cache_info().misses == 1  # six layers, one jitted transpose
+  assert [float(out[f"l{i}"][0, 0]) for i in range(6)] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
