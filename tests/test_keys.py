@@ -148,3 +148,29 @@ def test_paths_to_names_equals_path_to_name(tree):
   tree = {"root": tree, "value": {"value": 2.0}}
   paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
   assert keys_lib.paths_to_names(paths) == [prj.path_to_name(p) for p in paths]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+  st.recursive(
+    st.one_of(st.just(1.0), st.just(None), st.builds(lambda: jnp.zeros(1))),
+    lambda kids: st.one_of(
+      st.dictionaries(
+        st.one_of(st.text(alphabet="ab/~v", max_size=3), st.sampled_from(["value", "raw_value"])),
+        kids,
+        max_size=3,
+      ),
+      st.dictionaries(st.integers(0, 20), kids, max_size=3),
+      st.lists(kids, max_size=3),
+      st.lists(kids, max_size=3).map(tuple),
+      kids.map(Shared),
+    ),
+    max_leaves=14,
+  )
+)
+def test_fast_walk_equals_the_general_path_or_declines(tree):
+  tree = {"root": tree}
+  leaves = jax.tree_util.tree_leaves(tree)
+  fast = keys_lib.fast_tree_names(tree, leaves)
+  general = keys_lib.paths_to_names([p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]])
+  assert fast is None or fast == general

@@ -182,6 +182,64 @@ def paths_to_names(paths: Sequence[Sequence[Any]]) -> list[str]:
   return out
 
 
+_FAST_LEAVES = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct, float, int, complex)
+
+
+def fast_tree_names(tree: Any, leaves: Sequence[Any]) -> list[str] | None:
+  """Names of ``tree``'s leaves by a direct walk of plain dicts, lists and tuples.
+
+  Equal to ``paths_to_names`` of ``tree_flatten_with_path`` whenever it returns a list; it
+  returns ``None`` (use the general path) on any other node type, and also unless the walk met
+  exactly ``leaves`` (the objects of ``jax.tree_util.tree_flatten(tree)``, in order), so an
+  ordering difference can never pass silently.
+  """
+  names: list[str] = []
+  walked: list[Any] = []
+  if not _walk(tree, "", None, names, walked):
+    return None
+  if len(walked) != len(leaves) or any(a is not b for a, b in zip(walked, leaves)):
+    return None
+  return names
+
+
+def _walk(node: Any, prefix: str, last: Any, names: list[str], walked: list[Any]) -> bool:
+  t = type(node)
+  if t is dict:
+    try:
+      keys = sorted(node)
+    except TypeError:
+      return False
+    for k in keys:
+      if type(k) is str:
+        comp = k if k and "~" not in k and "/" not in k else escape_component(k)
+      elif type(k) is int:
+        comp = str(k)
+      else:
+        return False
+      if not _walk(node[k], prefix + comp + "/", k, names, walked):
+        return False
+    return True
+  if t is list or t is tuple:
+    for i, child in enumerate(node):
+      if not _walk(
+        child, prefix + (_SMALL_INTS[i] if i < 4096 else str(i)) + "/", i, names, walked
+      ):
+        return False
+    return True
+  if node is None:
+    return True
+  if isinstance(node, _FAST_LEAVES) and not isinstance(node, bool):
+    if not prefix:
+      return False  # a bare root leaf: let path_to_name raise its error
+    if last in _NNX_VALUE_ATTRS and prefix.count("/") > 1:
+      names.append(prefix[: prefix.rindex("/", 0, len(prefix) - 1)])  # drop a trailing 'value'
+    else:
+      names.append(prefix[:-1])
+    walked.append(node)
+    return True
+  return False
+
+
 def name_to_path(name: str) -> tuple[str, ...]:
   """Splits a canonical name into its raw (unescaped) components.
 

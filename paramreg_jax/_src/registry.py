@@ -473,7 +473,9 @@ _KEY_CACHE_LOCK = threading.Lock()
 _KEY_CACHE_MAX = 512
 
 
-def tree_keys(tree: Any, treedef: Any, *, by: By) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+def tree_keys(
+  tree: Any, treedef: Any, *, by: By, leaves: Any = None
+) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
   """``(keys, names)`` of ``tree``'s leaves in flatten order, cached per treedef.
 
   Raises:
@@ -492,10 +494,14 @@ def tree_keys(tree: Any, treedef: Any, *, by: By) -> tuple[tuple[str, ...], tupl
       (None,) * n,
     )
   else:
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    names = tuple(keys_lib.paths_to_names([p for p, _ in flat]))
-    if len(set(names)) != len(names):
-      raise_collisions(names, [p for p, _ in flat])
+    fast = None if leaves is None else keys_lib.fast_tree_names(tree, leaves)
+    if fast is not None and len(set(fast)) == len(fast):
+      names = tuple(fast)
+    else:
+      flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+      names = tuple(keys_lib.paths_to_names([p for p, _ in flat]))
+      if len(set(names)) != len(names):
+        raise_collisions(names, [p for p, _ in flat])
     result = (tuple(keys_lib.NAMED_KEY_PREFIX + n for n in names), names)
   with _KEY_CACHE_LOCK:
     if len(_KEY_CACHE) >= _KEY_CACHE_MAX:
@@ -543,7 +549,7 @@ def _assign(
   reg: ParamRegistry, tree: Any, by: By
 ) -> tuple[ParamRegistry, tuple[int, ...], Any, tuple[str, ...]]:
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  keys, names = tree_keys(tree, treedef, by=by)
+  keys, names = tree_keys(tree, treedef, by=by, leaves=leaves)
   specs = _specs(leaves, keys)
   cache_key = (reg, treedef, by, specs)
   hit = _ASSIGN_CACHE.get(cache_key)
