@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import threading
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -526,8 +527,25 @@ def raise_collisions(names: tuple[str, ...], paths: list[Any]) -> None:
 _ASSIGN_CACHE: dict[tuple[Any, ...], tuple[ParamRegistry, tuple[int, ...]]] = {}
 
 
+_get_shape = operator.attrgetter("shape")
+_get_dtype = operator.attrgetter("dtype")
+
+
 def _specs(leaves: list[Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
-  """``(shape, dtype)`` per leaf; the common case (jax/numpy arrays) without a call."""
+  """``(shape, dtype)`` per leaf; arrays in C-speed maps, anything else through ``leaf_spec``."""
+  try:
+    shapes = list(map(_get_shape, leaves))
+    dtypes = list(map(_get_dtype, leaves))
+  except AttributeError:
+    return _specs_slow(leaves, keys)
+  if set(map(type, shapes)) <= {tuple} and all(
+    issubclass(t, np.dtype) for t in set(map(type, dtypes))
+  ):
+    return tuple(zip(shapes, dtypes))
+  return _specs_slow(leaves, keys)
+
+
+def _specs_slow(leaves: list[Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
   out: list[Any] = []
   append = out.append
   np_dtype = np.dtype
