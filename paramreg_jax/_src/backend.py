@@ -24,6 +24,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src import source as source_lib
 from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import device as device_lib
 from paramreg_jax._src.recipes import evaluate as evaluate_lib
@@ -170,7 +171,7 @@ class JaxBackend:
         region = sel_lib.normalize_index(index, shape, where=context.key)
         by_region.setdefault(region, []).append(device)
       for region in sorted(by_region):
-        nbytes = int(np.prod(sel_lib.region_shape(region), dtype=np.int64)) * dtype.itemsize
+        nbytes = source_lib.nbytes_of(sel_lib.region_shape(region), dtype)
         tasks.append((i, region, by_region[region], nbytes))
     shards: list[list[jax.Array]] = [[] for _ in items]
     batch: list[tuple[int, sel_lib.Region, list[Any], int]] = []

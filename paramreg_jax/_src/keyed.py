@@ -47,11 +47,15 @@ class SlotLayout:
   leaf_keys: tuple[str, ...]
   masked: tuple[bool, ...]
   param_shapes: tuple[tuple[int, ...], ...]
+  # Derived once (layouts are static; they were re-sorted on every access and every step):
+  # the keys that hold state, sorted (the order of ``KeyedSlots`` children), and their positions.
+  keys: tuple[str, ...] = dataclasses.field(init=False, compare=False, repr=False)
+  positions: dict[str, int] = dataclasses.field(init=False, compare=False, repr=False)
 
-  @property
-  def keys(self) -> tuple[str, ...]:
-    """The keys that hold state, sorted (the order of ``KeyedSlots`` children)."""
-    return tuple(sorted(k for k, m in zip(self.leaf_keys, self.masked) if not m))
+  def __post_init__(self) -> None:
+    keys = tuple(sorted(k for k, m in zip(self.leaf_keys, self.masked) if not m))
+    object.__setattr__(self, "keys", keys)
+    object.__setattr__(self, "positions", {k: i for i, k in enumerate(keys)})
 
 
 class KeyedSlots(Mapping[str, Any]):
@@ -82,11 +86,10 @@ class KeyedSlots(Mapping[str, Any]):
     return self._layout
 
   def __getitem__(self, key: str) -> Any:
-    keys = self._layout.keys
-    try:
-      return self._leaves[keys.index(key)]
-    except ValueError:
-      raise KeyError(key) from None
+    index = self._layout.positions.get(key)
+    if index is None:
+      raise KeyError(key)
+    return self._leaves[index]
 
   def __iter__(self) -> Iterator[str]:
     return iter(self._layout.keys)

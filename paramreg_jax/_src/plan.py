@@ -20,6 +20,7 @@ import numpy as np
 from paramreg_jax._src import backend as backend_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import patterns as patterns_lib
+from paramreg_jax._src import source as source_lib
 from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
@@ -60,7 +61,7 @@ class PlanEntry:
 
   @property
   def nbytes(self) -> int:
-    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+    return source_lib.nbytes_of(self.shape, self.dtype)
 
   @property
   def origin(self) -> str:

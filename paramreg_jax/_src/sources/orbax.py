@@ -162,7 +162,7 @@ class OrbaxSource(source_lib.BaseSource):
       return {k: self._stores[k] for k in keys}
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    return self.read_many_unaccounted([(key, region)])[0]
+    return self._read_unaccounted([(key, region)])[0]
 
   def read_many(self, requests: Any) -> list[np.ndarray]:
     """Issues every tensorstore read before waiting on any (overlapping I/O and decoding)."""
@@ -190,7 +190,7 @@ class OrbaxSource(source_lib.BaseSource):
       issued.append((out, ts.array(out).write(stores[key][sel_lib.region_slices(region)])))
     return issued
 
-  def read_many_unaccounted(self, requests: Any) -> list[np.ndarray]:
+  def _read_unaccounted(self, requests: Any) -> list[np.ndarray]:
     """Reads without counting (``read_region`` counts); used by the single-read path."""
     stores = self._open([key for key, _ in requests])
     issued = self._issue(stores, requests)
