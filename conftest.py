@@ -1,4 +1,4 @@
-"""Shared test set-up: 8 virtual CPU devices, before jax loads.
+"""Shared test set-up: 8 virtual CPU devices (with a deadlock-free thread pool), before jax loads.
 
 Strict dtype promotion is a fixture (``strict_promotion``), not global: optax's own
 bias-correction code mixes int counts with floats and fails under it.
@@ -6,13 +6,16 @@ bias-correction code mixes int counts with floats and fails under it.
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax
-import pytest
+from paramreg_jax._src.devices import use_cpu_devices
+
+use_cpu_devices(
+  8
+)  # before jax creates its client: XLA_FLAGS and PJRT_NPROC, inherited by notebooks
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ state, checkpoint entries, recipes, reports and errors all use it.
 
 from paramreg_jax._src.backend import JaxBackend
 from paramreg_jax._src.backend import ParameterBackend
+from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import KeyCollisionError
 from paramreg_jax._src.errors import MalformedKeyError
@@ -104,4 +105,5 @@ __all__ = (
   "reconcile",
   "restore",
   "state_keys",
+  "use_cpu_devices",
 )

@@ -8,10 +8,13 @@ import os
 import sys
 
 process_id, port, ckpt_dir, reference, out_path = sys.argv[1:6]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
+
+from paramreg_jax._src.devices import use_cpu_devices  # noqa: E402
+
+use_cpu_devices(4)
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(

@@ -5,13 +5,15 @@ import sys
 
 
 def test_demo_runs(tmp_path):
-  out = subprocess.run(
+  r = subprocess.run(
     [sys.executable, "-m", "paramreg_jax", "demo", "--workdir", str(tmp_path)],
     capture_output=True,
     text=True,
     timeout=300,
     check=True,
-  ).stdout
+  )
+  out = r.stdout
+  assert r.stderr == "", f"stray output on stderr: {r.stderr[:2000]}"
   assert "on 8 cpu devices" in out
   assert "OrderingContractError" in out
   assert "SurgeryReport: 6 kept, 2 added, 0 dropped, 0 re-initialised" in out
@@ -32,6 +34,7 @@ import textwrap  # noqa: E402
 
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
+import pytest  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
 
@@ -59,6 +62,15 @@ TARGETS = textwrap.dedent(
 
   def bad():
     return {"w": jax.ShapeDtypeStruct((3,), np.float32)}
+
+  def not_a_tree():
+    return "params.msgpack"
+
+  def mixed():
+    return {"w": jax.ShapeDtypeStruct((3,), np.float32), "lr": "0.1"}
+
+  def empty():
+    return {}
   """
 )
 
@@ -143,3 +155,50 @@ def test_console_script_is_installed():
   assert script.exists(), "pip install -e . installs the paramreg-jax command"
   r = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
   assert r.returncode == 0 and "inspect" in r.stdout and "plan" in r.stdout and "demo" in r.stdout
+
+
+def test_json_failures_are_objects_on_stdout(tmp_path):
+  make_files(tmp_path)
+  r = run_cli("inspect", str(tmp_path / "nope"), "--json")
+  assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+  assert json.loads(r.stdout) == {
+    "ok": False,
+    "error": f"{tmp_path / 'nope'}: no such file or directory",
+    "type": "FileNotFoundError",
+  }
+  r = run_cli(
+    "plan", str(tmp_path / "m.safetensors"), "--target", "cli_targets:bad", "--json", cwd=tmp_path
+  )
+  data = json.loads(r.stdout)
+  assert r.returncode == 1 and data["type"] == "RestorePlanError"
+  assert data["error"] == "the plan cannot bind (3 problem(s))" and len(data["problems"]) == 3
+
+
+@pytest.mark.parametrize(
+  "flags", [("--step", "3"), ("--item", "params"), ("--step", "1", "--item", "x")]
+)
+def test_step_and_item_are_refused_for_safetensors(tmp_path, flags):
+  make_files(tmp_path)
+  r = run_cli("inspect", str(tmp_path / "m.safetensors"), *flags, "--json")
+  assert r.returncode == 1
+  data = json.loads(r.stdout)
+  assert data["type"] == "ValueError"
+  assert "select a step/item of an orbax CheckpointManager" in data["error"]
+  assert "is a safetensors checkpoint; drop them" in data["error"]
+
+
+@pytest.mark.parametrize(
+  "function, found",
+  [
+    ("not_a_tree", "got str 'params.msgpack'"),
+    ("mixed", "got lr is a str"),
+    ("empty", "got dict holding no arrays"),
+  ],
+)
+def test_a_target_that_is_not_a_tree_of_arrays_is_refused(tmp_path, function, found):
+  make_files(tmp_path)
+  r = run_cli(
+    "plan", str(tmp_path / "m.safetensors"), "--target", f"cli_targets:{function}", cwd=tmp_path
+  )
+  assert r.returncode == 1 and r.stdout == ""
+  assert "must return a tree of arrays or jax.ShapeDtypeStructs" in r.stderr and found in r.stderr

@@ -183,6 +183,14 @@ def test_bad_regions(tensors):
 # --- malformed safetensors: clear errors, nothing read ---------------------------------------
 
 
+def F32x2(begin, end):
+  return {"dtype": "F32", "shape": [(end - begin) // 4], "data_offsets": [begin, end]}
+
+
+ENTRY = json.dumps(F32x2(0, 0)).encode()
+TWICE = b'{"a": ' + ENTRY + b', "a": ' + ENTRY + b"}"  # one name twice (json.loads keeps the last)
+
+
 def write_raw(path, header, data=b"", length=None):
   raw = json.dumps(header).encode()
   n = len(raw) if length is None else length
@@ -226,6 +234,31 @@ def write_raw(path, header, data=b"", length=None):
     (
       lambda p: write_raw(p, {"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}),
       "must be a list of non-negative ints",
+    ),
+    # offsets must tile the data section, as the safetensors package requires
+    (
+      lambda p: write_raw(p, {"a": F32x2(0, 8), "b": F32x2(4, 12)}, b"\0" * 12),
+      "tensor 'b': data_offsets [4, 12] overlaps tensor 'a', which ends at byte 8",
+    ),
+    (
+      lambda p: write_raw(p, {"a": F32x2(0, 8), "b": F32x2(0, 8)}, b"\0" * 8),
+      "tensor 'b': data_offsets [0, 8] overlaps tensor 'a', which ends at byte 8",
+    ),
+    (
+      lambda p: write_raw(p, {"a": F32x2(0, 8), "b": F32x2(12, 20)}, b"\0" * 20),
+      "tensor 'b': data_offsets [12, 20] leaves a gap of 4 bytes after tensor 'a'",
+    ),
+    (
+      lambda p: write_raw(p, {"a": F32x2(4, 12)}, b"\0" * 12),
+      "tensor 'a': data_offsets [4, 12] leaves a gap of 4 bytes after the start of the data",
+    ),
+    (
+      lambda p: write_raw(p, {"a": F32x2(0, 8)}, b"\0" * 12),
+      "4 bytes after the last tensor are covered by no tensor (data section is 12 bytes)",
+    ),
+    (
+      lambda p: (p.write_bytes(struct.pack("<Q", len(TWICE)) + TWICE), p)[1],
+      "tensor 'a' appears twice in the header",
     ),
   ],
 )

@@ -22,6 +22,7 @@ from typing import runtime_checkable
 import jax
 import numpy as np
 
+from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src import source as source_lib
@@ -285,7 +286,8 @@ class JaxBackend:
       sub = context.for_slot(f"{context.key} <- {leaf}", lease.shape, lease.dtype, sharding)
       requests.append((lease, sub))
     inputs = [m.weight for m in self.materialize_many(requests)]
-    weight = device_lib.compiled(recipe, leaves, context.sharding)(*inputs)
+    # settle: never two of our (possibly collective) device programs in flight on XLA:CPU
+    weight = devices_lib.settle(device_lib.compiled(recipe, leaves, context.sharding)(*inputs))
     if weight.dtype != np.dtype(context.dtype) or tuple(weight.shape) != tuple(context.shape):
       raise errors.MaterializationError(
         f"{context.key}: {recipe} produced {weight.shape} {weight.dtype}, expected "

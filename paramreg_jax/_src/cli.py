@@ -17,12 +17,17 @@ from typing import Any
 
 
 def _ensure_virtual_devices(count: int = 8) -> None:
-  """Asks XLA for ``count`` CPU devices; effective until jax first initialises a backend."""
-  flag = f"--xla_force_host_platform_device_count={count}"
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+  """``count`` CPU devices (unless ``XLA_FLAGS`` already asks for a number) and a thread pool
+  that cannot deadlock on collectives; effective until jax first initialises a backend."""
+  import re
+
+  from paramreg_jax._src import devices as devices_lib
+
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  asked = re.search(
+    r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+  )
+  devices_lib.use_cpu_devices(int(asked.group(1)) if asked else count)
 
 
 def open_source(path: str, *, step: int | None = None, item: str | None = None) -> Any:
@@ -33,11 +38,20 @@ def open_source(path: str, *, step: int | None = None, item: str | None = None) 
   p = pathlib.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"{path}: no such file or directory")
-  if p.is_file() and (p.suffix == ".safetensors" or p.name.endswith(".index.json")):
-    return SafetensorsSource(p)
-  if p.is_dir() and (any(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists()):
-    return SafetensorsSource(p)
-  return OrbaxSource(p, step=step, item=item)
+  safetensors = (
+    p.is_file() and (p.suffix == ".safetensors" or p.name.endswith(".index.json"))
+  ) or (
+    p.is_dir() and (any(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists())
+  )
+  if not safetensors:
+    return OrbaxSource(p, step=step, item=item)
+  given = [flag for flag, value in (("--step", step), ("--item", item)) if value is not None]
+  if given:
+    raise ValueError(
+      f"{' and '.join(given)} select a step/item of an orbax CheckpointManager, but {path} is a "
+      "safetensors checkpoint; drop them"
+    )
+  return SafetensorsSource(p)
 
 
 def _human(n: float) -> str:
@@ -90,13 +104,38 @@ def _load_target(spec: str) -> tuple[Any, dict[str, Any]]:
   if not callable(func):
     raise ValueError(f"--target {spec}: {module_name} has no function {func_name!r}")
   result = func()
+  extra: dict[str, Any] = {}
   if isinstance(result, Mapping) and "target" in result:
     extra = {k: v for k, v in result.items() if k != "target"}
     unknown = set(extra) - {"recipes", "aliases", "rename", "exclude", "dtype_policy"}
     if unknown:
       raise ValueError(f"--target {spec} returned unknown plan options {sorted(unknown)}")
-    return result["target"], extra
-  return result, {}
+    result = result["target"]
+  _check_target(spec, result)
+  return result, extra
+
+
+def _check_target(spec: str, target: Any) -> None:
+  """A target is a tree of arrays / ``jax.ShapeDtypeStruct``s (or an NNX module)."""
+  import jax
+
+  from paramreg_jax._src import keys as keys_lib
+  from paramreg_jax._src import target as target_lib
+
+  flat = jax.tree_util.tree_flatten_with_path(target_lib.as_state(target))[0]
+  bad = [(p, x) for p, x in flat if not target_lib.is_slot(x)]
+  if flat and not bad:
+    return
+  if not flat:
+    found = f"{type(target).__name__} holding no arrays"
+  elif not bad[0][0]:  # the whole result is one leaf
+    found = f"{type(target).__name__} {target!r:.60}"
+  else:
+    found = "; ".join(f"{keys_lib.path_to_name(p)} is a {type(x).__name__}" for p, x in bad[:3])
+  raise ValueError(
+    f"--target {spec} must return a tree of arrays or jax.ShapeDtypeStructs (e.g. from "
+    f"jax.eval_shape), or a dict with 'target' and plan options; got {found}"
+  )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -109,7 +148,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = plan_restore(target, src, **options)
   except errors.RestorePlanError as e:
     if args.json:
-      print(json.dumps({"ok": False, "problems": list(e.problems)}, indent=1))
+      message = f"the plan cannot bind ({len(e.problems)} problem(s))"
+      _fail(args, message, type(e).__name__, problems=list(e.problems))
     else:
       print(f"the plan cannot bind ({len(e.problems)} problem(s)):")
       for p in e.problems:
@@ -170,11 +210,17 @@ def main(argv: Sequence[str] | None = None) -> int:
       return cmd_inspect(args)
     return cmd_plan(args)
   except KeyboardInterrupt:
-    print("paramreg-jax: interrupted", file=sys.stderr)
+    _fail(args, "interrupted", "KeyboardInterrupt")
     return 130
   except Exception as e:  # one clear line unless --debug
     if args.debug:
       raise
-    message = " ".join(str(e).split())
-    print(f"paramreg-jax: error: {type(e).__name__}: {message}", file=sys.stderr)
+    _fail(args, " ".join(str(e).split()), type(e).__name__)
     return 1
+
+
+def _fail(args: argparse.Namespace, message: str, kind: str, **extra: Any) -> None:
+  """One line on stderr; with ``--json`` also ``{"error", "type", ...}`` on stdout."""
+  if getattr(args, "json", False):
+    print(json.dumps({"ok": False, "error": message, "type": kind, **extra}, indent=1))
+  print(f"paramreg-jax: error: {kind}: {message}", file=sys.stderr)

@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import reconcile as reconcile_lib
@@ -70,7 +71,9 @@ def train(graphdef: Any, params: Any, tx: Any, state: Any, steps: int) -> tuple[
 
   loss = jnp.inf
   for _ in range(steps):
-    params, state, loss = step(params, state)
+    # settle: one sharded step in flight at a time (XLA:CPU can deadlock otherwise; see the
+    # README's reliability notes). On accelerators it is a no-op.
+    params, state, loss = devices_lib.settle(step(params, state))
   return params, state, float(loss)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import Literal
 
+import jax
 import numpy as np
 
 from paramreg_jax._src import backend as backend_lib
@@ -313,6 +314,18 @@ def plan_restore(
     except Exception as e:  # jax raises ValueError/TypeError for uneven shardings
       problems.append(
         f"{where}: sharding {target_lib.describe_sharding(slot.sharding)} does not divide {slot.shape} evenly ({e})"
+      )
+      continue
+    stored = np.dtype(jax.dtypes.canonicalize_dtype(slot.dtype))
+    if stored != slot.dtype:
+      problems.append(
+        f"{where}: the target is {slot.dtype.name}, but with jax_enable_x64 off JAX stores it as "
+        f"{stored.name}, so it could never bind; call jax.config.update('jax_enable_x64', True) "
+        f"first, or make the target {stored.name} (dtype_policy='cast' converts the checkpoint)"
+      )
+      recipe = recipe_map.get(slot.name)  # what it would read is accounted for, not "unused"
+      used.update(
+        ops.source_keys(recipe) if recipe else [renamed[slot.name]] if slot.name in renamed else []
       )
       continue
     if slot.name in alias_map:

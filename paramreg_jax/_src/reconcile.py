@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
@@ -254,7 +255,7 @@ def reconcile(
     param = placement.get(slot_paths[comps][1]) if comps in slot_paths else None
     if param is not None and param[0] == kept.shape:
       if not kept.sharding.is_equivalent_to(param[1], kept.ndim):
-        kept = jax.device_put(kept, param[1])
+        kept = devices_lib.settle(jax.device_put(kept, param[1]))  # one reshard in flight
     leaves.append(kept)
   new_state = jax.tree_util.tree_unflatten(fresh_treedef, leaves)
   report = SurgeryReport(

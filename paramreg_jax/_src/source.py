@@ -178,6 +178,10 @@ class BaseSource:
     """One physical read of ``region`` of ``key`` (counted in ``stats``)."""
     try:
       out = self._read(key, region)
+    except errors.SourceIOError as e:
+      if e.key is None:  # the source did not say which tensor: it is this one
+        e.key = key
+      raise
     except errors.ParamRegError:
       raise
     except (OSError, ValueError, RuntimeError) as e:

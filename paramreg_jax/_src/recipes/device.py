@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src.recipes import ops
 
@@ -157,4 +158,4 @@ def _compiled(recipe: ops.Recipe, sources: tuple[ops.Source, ...], out_sharding:
   jitted = jax.jit(fn, out_shardings=auto(out_sharding))
   if auto(out_sharding) is out_sharding:
     return jitted
-  return lambda *arrays: jax.device_put(jitted(*arrays), out_sharding)
+  return lambda *arrays: jax.device_put(devices_lib.settle(jitted(*arrays)), out_sharding)

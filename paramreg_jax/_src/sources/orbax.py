@@ -8,6 +8,8 @@ of the storage chunks that box touches, which is what the disk actually serves.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import pathlib
 import threading
@@ -29,20 +31,53 @@ def _is_item_dir(path: pathlib.Path) -> bool:
   return (path / _METADATA_FILE).exists() or (path / "manifest.ocdbt").exists()
 
 
+def _committed(path: pathlib.Path) -> bool:
+  """Orbax's own rule: a finished rename locally, a ``commit_success.txt`` on GCS."""
+  from orbax.checkpoint import path as ocp_path
+
+  return bool(ocp_path.step.is_path_finalized(path)) and not ocp_path.step.is_path_temporary(path)
+
+
+def _refuse_uncommitted(path: pathlib.Path, what: str) -> None:
+  raise errors.StoreError(
+    f"{path}: {what} is not committed (a save that did not finish, or is still running, leaves "
+    "it); orbax does not restore it and neither do we. Nothing was read: wait for the save to "
+    "finish, or restore an earlier committed step"
+  )
+
+
 def resolve_checkpoint_dir(
   path: pathlib.Path, *, step: int | None, item: str | None
 ) -> pathlib.Path:
-  """The item directory of a StandardCheckpointer / PyTreeCheckpointer / CheckpointManager path."""
+  """The item directory of a StandardCheckpointer / PyTreeCheckpointer / CheckpointManager path.
+
+  Only committed checkpoints are resolved (orbax's rules); the result is absolute.
+  """
+  from orbax.checkpoint import path as ocp_path
+
+  path = path.absolute()
   if not path.is_dir():
     raise errors.StoreError(f"{path}: no such orbax checkpoint directory")
+  for candidate in (path, path.parent):  # an uncommitted save, or an item inside one
+    if ocp_path.step.TMP_DIR_SUFFIX in candidate.name:
+      _refuse_uncommitted(path, repr(candidate.name))
   if _is_item_dir(path) and step is None and item is None:
     return path
-  steps = sorted(int(p.name) for p in path.iterdir() if p.is_dir() and p.name.isdigit())
+  digits = {int(p.name): p for p in path.iterdir() if p.is_dir() and p.name.isdigit()}
+  steps = sorted(s for s, p in digits.items() if _committed(p))
+  uncommitted = sorted(
+    [p.name for s, p in digits.items() if s not in steps]
+    + [p.name for p in path.iterdir() if p.is_dir() and ocp_path.step.TMP_DIR_SUFFIX in p.name]
+  )
   if steps:  # a CheckpointManager root
     chosen = steps[-1] if step is None else step
     if chosen not in steps:
-      raise errors.StoreError(f"{path}: no step {chosen}; available steps: {steps}")
+      if chosen in digits or any(n.startswith(f"{chosen}.") for n in uncommitted):
+        _refuse_uncommitted(path, f"step {chosen}")
+      raise errors.StoreError(f"{path}: no step {chosen}; committed steps: {steps}")
     path = path / str(chosen)
+  elif uncommitted:
+    _refuse_uncommitted(path, f"every step here ({', '.join(uncommitted)})")
   elif step is not None:
     raise errors.StoreError(f"{path}: step={step} given, but this is not a CheckpointManager root")
   if _is_item_dir(path) and item is None:
@@ -59,6 +94,33 @@ def resolve_checkpoint_dir(
     if items
     else f"{path}: not an orbax checkpoint (no {_METADATA_FILE} found)"
   )
+
+
+def _check_metadata_file(path: pathlib.Path) -> None:
+  """``_METADATA`` must exist and be a JSON object; orbax reads a missing or damaged one as an
+  empty tree, which would make a damaged checkpoint look like one with no tensors."""
+  meta = path / _METADATA_FILE
+  if not meta.is_file():
+    raise errors.StoreError(
+      f"{path}: no {_METADATA_FILE} file, so the saved tree is unknown (an unfinished save, a "
+      "damaged copy, or not an orbax item directory); nothing was read"
+    )
+  try:
+    data = json.loads(meta.read_text())
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise errors.StoreError(
+      f"{meta}: not valid JSON ({e}); the checkpoint's tree metadata is damaged, nothing was read"
+    ) from None
+  if not isinstance(data, dict):
+    raise errors.StoreError(f"{meta}: expected a JSON object, got {type(data).__name__}")
+
+
+class _DropMissingCheckpointMetadata(logging.Filter):
+  """Orbax warns that an item directory has no ``_CHECKPOINT_METADATA`` (it lives in the step
+  directory of a CheckpointManager); expected here, so not shown to users."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "Metadata file does not exist" not in record.getMessage()
 
 
 class OrbaxSource(source_lib.BaseSource):
@@ -89,10 +151,15 @@ class OrbaxSource(source_lib.BaseSource):
     import orbax.checkpoint as ocp  # lazily: orbax is heavy and does work at import
 
     self.path = resolve_checkpoint_dir(pathlib.Path(path), step=step, item=item)
+    _check_metadata_file(self.path)
+    quiet = _DropMissingCheckpointMetadata()
+    logging.getLogger("absl").addFilter(quiet)
     try:
       md: Any = ocp.PyTreeCheckpointer().metadata(self.path)
     except Exception as e:  # orbax raises many types for unreadable metadata
       raise errors.StoreError(f"{self.path}: cannot read orbax metadata: {e}") from e
+    finally:
+      logging.getLogger("absl").removeFilter(quiet)
     md = getattr(md, "item_metadata", md)
     self._use_zarr3 = bool(getattr(md, "use_zarr3", False))
     tree = getattr(md, "tree", md)
@@ -175,6 +242,9 @@ class OrbaxSource(source_lib.BaseSource):
         fut.result()
       except (OSError, ValueError, RuntimeError) as e:
         raise self.read_failed(key, region, e) from e
+      except KeyboardInterrupt as e:  # name the read being waited for, as BaseSource does
+        e.paramreg_source_key = key  # type: ignore[attr-defined]
+        raise
       self.count_read(key, region)
       out.append(value)
     return out

@@ -1,18 +1,24 @@
-"""``SafetensorsSource``: a ``.safetensors`` file, a directory, or a sharded index, memory-mapped.
+"""``SafetensorsSource``: a ``.safetensors`` file, a directory, or a sharded index.
 
-The header of every file is parsed and validated when the source is built (truncation, header
-length past the end, offsets outside the data, unknown dtypes, sizes that do not match the
-shape), so a malformed checkpoint fails before any payload byte is read. Payload reads go
-through ``numpy.memmap``: a region read touches only the pages that hold it.
+The header of every file is parsed and validated when the source is built, with the rules of
+the ``safetensors`` package: no truncation, a header inside the file, known dtypes, sizes that
+match the shapes, no duplicate names, and data offsets that tile the data section exactly (no
+overlap, no gap, nothing after the last tensor). A malformed checkpoint fails before any payload
+byte is read.
+
+Payload reads are positional reads (``os.preadv``) straight into 64-byte aligned buffers, which
+``jax.device_put`` adopts without a copy. Nothing is memory-mapped: a file that shrinks while it
+is read gives a short read, reported as an error naming the tensor, never a ``SIGBUS``. A region
+read touches only the rows that hold it, in bounded chunks.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import pathlib
 import struct
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -44,14 +50,46 @@ if hasattr(ml_dtypes, "float8_e8m0fnu"):
 
 _MAX_HEADER = 100 * 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
+# A strided region (columns of a matrix) is read as whole rows through a scratch buffer of at
+# most this many bytes at a time; contiguous regions go straight into the output buffer.
+_SCRATCH_BYTES = 8 * 1024 * 1024
+
+
+class _DuplicateName(ValueError):
+  pass
+
+
+def _no_duplicate_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  seen: dict[str, Any] = {}
+  for key, value in pairs:
+    if key in seen:
+      raise _DuplicateName(f"tensor {key!r} appears twice in the header")
+    seen[key] = value
+  return seen
+
+
+def _pread_exact(fd: int, array: np.ndarray, offset: int, what: str, path: pathlib.Path) -> None:
+  """Fills the C-contiguous ``array`` from ``offset`` of ``fd``; a short read (the file shrank)
+  is an error."""
+  assert array.flags.c_contiguous  # reshape would copy otherwise, and the read would be lost
+  out = array.reshape(-1).view(np.uint8).data
+  done, want = 0, len(out)
+  while done < want:
+    n = os.preadv(fd, [out[done:]], offset + done)
+    if n == 0:
+      size = os.fstat(fd).st_size
+      raise errors.SourceIOError(
+        f"{path}: {what} needs bytes up to {offset + want}, but the file is now {size} bytes "
+        "(truncated after it was opened?)"
+      )
+    done += n
 
 
 class _File:
-  """One parsed safetensors file: ``{key: (metadata, absolute byte offset)}`` and a lazy mmap."""
+  """One parsed safetensors file: ``{key: (metadata, absolute byte offset)}``."""
 
   def __init__(self, path: pathlib.Path):
     self.path = path
-    self._mm: mmap.mmap | None = None
     self.entries: dict[str, tuple[source_lib.TensorMetadata, int]] = {}
     self._parse()
 
@@ -74,13 +112,16 @@ class _File:
     except OSError as e:
       raise errors.SourceIOError(f"{self.path}: cannot read the header: {e}") from e
     try:
-      header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_names)
+    except _DuplicateName as e:
+      raise self._bad(str(e)) from None
+    except (UnicodeDecodeError, ValueError) as e:
       raise self._bad(f"the header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
       raise self._bad("the header is not a JSON object")
     data_start = 8 + n
     data_len = size - data_start
+    spans: list[tuple[int, int, str]] = []
     for key, info in header.items():
       if key == "__metadata__":
         continue
@@ -115,39 +156,74 @@ class _File:
           f"tensor {key!r}: data_offsets span {end - begin} bytes, but {tuple(shape)} "
           f"{info['dtype']} needs {meta.nbytes}"
         )
+      spans.append((begin, end, key))
       self.entries[key] = (meta, data_start + begin)
+    self._check_tiling(sorted(spans), data_len)
 
-  def release(self, key: str, region: sel_lib.Region) -> None:
-    """Drops the mapped pages of ``region`` from this process (they stay in the page cache),
-    so reading a large checkpoint does not grow resident memory by its size."""
-    if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
-      return
-    meta, offset = self.entries[key]
-    if not meta.shape or not region:
-      return
-    row = meta.nbytes // max(meta.shape[0], 1)
-    start = offset + region[0][0] * row
-    stop = offset + region[0][1] * row
-    page = mmap.PAGESIZE
-    lo, hi = (start // page) * page, -(-stop // page) * page
-    hi = min(hi, len(self._mm))
-    if hi > lo:
-      self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-  def view(self, key: str) -> np.ndarray:
-    meta, offset = self.entries[key]
-    size = self.path.stat().st_size  # a file truncated after parsing must not SIGBUS the mmap
-    if offset + meta.nbytes > size:
-      raise errors.SourceIOError(
-        f"{self.path}: tensor {key!r} needs bytes up to {offset + meta.nbytes}, but the file was "
-        f"truncated to {size} bytes after it was opened"
+  def _check_tiling(self, spans: list[tuple[int, int, str]], data_len: int) -> None:
+    """Tensors must tile the data section: each starts where the previous one ended."""
+    at, last = 0, "the start of the data section"
+    for begin, end, key in spans:
+      if begin != at:
+        what = (
+          f"overlaps {last}, which ends at byte {at}"
+          if begin < at
+          else f"leaves a gap of {begin - at} bytes after {last}"
+        )
+        raise self._bad(f"tensor {key!r}: data_offsets [{begin}, {end}] {what}")
+      at, last = end, f"tensor {key!r}"
+    if at != data_len:
+      raise self._bad(
+        f"{data_len - at} bytes after the last tensor are covered by no tensor (data section "
+        f"is {data_len} bytes)"
       )
-    if self._mm is None:
-      with open(self.path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-          raise self._bad("empty file")
-        self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return np.ndarray(meta.shape, meta.dtype, buffer=self._mm, offset=offset)
+
+  def read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    """``region`` of ``key`` in a new 64-byte aligned array (positional reads, no mapping)."""
+    meta, offset = self.entries[key]
+    out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
+    if out.size == 0:
+      return out
+    fd = os.open(self.path, os.O_RDONLY)
+    try:
+      self._read_box(fd, offset, meta.shape, meta.dtype.itemsize, region, out, key)
+    finally:
+      os.close(fd)
+    return out
+
+  def _read_box(
+    self,
+    fd: int,
+    offset: int,
+    shape: tuple[int, ...],
+    itemsize: int,
+    region: sel_lib.Region,
+    out: np.ndarray,
+    key: str,
+  ) -> None:
+    if not shape:
+      _pread_exact(fd, out, offset, repr(key), self.path)
+      return
+    (a, b), rest = region[0], region[1:]
+    row = itemsize
+    for d in shape[1:]:
+      row *= d
+    if all(lo == 0 and hi == d for (lo, hi), d in zip(rest, shape[1:])):  # contiguous rows
+      _pread_exact(fd, out, offset + a * row, repr(key), self.path)
+      return
+    if row > _SCRATCH_BYTES:  # one row is large: recurse into it, row by row
+      for i in range(a, b):
+        self._read_box(fd, offset + i * row, shape[1:], itemsize, rest, out[i - a], key)
+      return
+    per = max(1, _SCRATCH_BYTES // row)
+    scratch = np.empty(min(per, b - a) * row, np.uint8)
+    inner = sel_lib.region_slices(rest)
+    for i in range(a, b, per):
+      m = min(per, b - i)
+      buf = scratch[: m * row]
+      _pread_exact(fd, buf, offset + i * row, repr(key), self.path)
+      block = buf.view(out.dtype).reshape((m, *shape[1:]))
+      out[i - a : i - a + m] = block[(slice(None), *inner)]
 
 
 class SafetensorsSource(source_lib.BaseSource):
@@ -255,11 +331,7 @@ class SafetensorsSource(source_lib.BaseSource):
     return f.entries[key][0]
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    f = self._where[key]
-    view = f.view(key)
-    out = source_lib.read_into_aligned(view[sel_lib.region_slices(region)], view.dtype)
-    f.release(key, region)
-    return out
+    return self._where[key].read(key, region)
 
   def shard_of(self, key: str) -> pathlib.Path:
     """The file that holds ``key``."""

@@ -1,0 +1,271 @@
+"""Damaged, half-written or hostile checkpoints: a clear error naming the tensor, never a crash,
+never a silent success, and the caller's tree untouched."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from safetensors.numpy import save_file
+
+import paramreg_jax as prj
+from paramreg_jax.sources import MemorySource
+from paramreg_jax.sources import OrbaxSource
+from paramreg_jax.sources import SafetensorsSource
+from paramreg_jax.sources import StoreError
+
+TENSORS = {f"w{i}": np.full((64, 32), i, np.float32) for i in range(5)}
+
+
+def target():
+  return {k: jnp.zeros((64, 32)) for k in TENSORS}
+
+
+def untouched(tree):
+  chex.assert_trees_all_equal(tree, target())
+
+
+# --- safetensors: truncation while reading ---------------------------------------------------------
+
+
+class TruncatingSource(SafetensorsSource):
+  """Truncates its file right after the ``after``-th read, as a crashing writer would."""
+
+  def __init__(self, path, after, keep):
+    super().__init__(path)
+    self.after, self.keep, self.done = after, keep, 0
+
+  def _read(self, key, region):
+    out = super()._read(key, region)
+    self.done += 1
+    if self.done == self.after:
+      os.truncate(self.path, self.keep)
+    return out
+
+
+def file_order(path):
+  src = SafetensorsSource(path)
+  return sorted(src.keys(), key=lambda k: src._where[k].entries[k][1])
+
+
+def test_a_file_truncated_mid_restore_names_the_tensor_that_is_cut(tmp_path):
+  path = tmp_path / "m.safetensors"
+  save_file(dict(TENSORS), str(path))
+  last = file_order(path)[-1]
+  tree = target()
+  src = TruncatingSource(path, after=1, keep=path.stat().st_size - 100)
+  with pytest.raises(prj.MaterializationError) as info:
+    prj.restore(tree, src)
+  assert info.value.key == f"n:{last}"  # the tensor whose bytes are gone, not the batch's first
+  message = str(info.value)
+  assert message.startswith(f"n:{last}: ") and f"'{last}' needs bytes up to" in message
+  assert "truncated after it was opened?" in message and "the target is untouched" in message
+  untouched(tree)
+
+
+RACE = textwrap.dedent(
+  """
+  import os, sys, threading, time
+  import jax, jax.numpy as jnp, numpy as np
+  from safetensors.numpy import save_file
+  import paramreg_jax as prj
+  from paramreg_jax.sources import SafetensorsSource
+
+  path = sys.argv[1]
+  tensors = {f"w{i}": np.full((512, 512), i, np.float32) for i in range(16)}
+  outcomes = {"error": 0, "restored": 0}
+  for race in range(10):
+    save_file(tensors, path)
+    src = SafetensorsSource(path)
+    size = os.path.getsize(path)
+    cut = threading.Timer(0.001 * race, os.truncate, (path, size // (race + 2)))
+    cut.start()
+    try:
+      out = prj.restore({k: jax.ShapeDtypeStruct((512, 512), jnp.float32) for k in tensors}, src)
+      assert all(float(out[k][0, 0]) == i for i, k in enumerate(tensors)), "wrong values"
+      outcomes["restored"] += 1
+    except prj.MaterializationError as e:
+      assert "truncated" in str(e) and e.key.startswith("n:w"), e
+      outcomes["error"] += 1
+    cut.join()
+  print(outcomes)
+  """
+)
+
+
+def test_truncation_racing_the_reads_is_an_error_never_a_crash(tmp_path):
+  script = tmp_path / "race.py"
+  script.write_text(RACE)
+  r = subprocess.run(
+    [sys.executable, str(script), str(tmp_path / "m.safetensors")],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  # a memory map read after the file shrank is SIGBUS (returncode -7): the process dies
+  assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}"
+  assert "'error': " in r.stdout and "'restored': " in r.stdout
+
+
+# --- orbax: paths, metadata, uncommitted steps ------------------------------------------------------
+
+
+@pytest.fixture
+def orbax_dir(tmp_path):
+  path = tmp_path / "ckpt"
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(path, {"w": np.arange(6, dtype=np.float32)})
+  ckpt.wait_until_finished()
+  return path
+
+
+def test_a_relative_orbax_path_opens_the_same_checkpoint(orbax_dir, monkeypatch):
+  monkeypatch.chdir(orbax_dir.parent)
+  src = OrbaxSource("ckpt")
+  assert src.keys() == ("w",) and src.path == orbax_dir
+  np.testing.assert_array_equal(src.lease("w").read(), np.arange(6))
+
+
+@pytest.mark.parametrize(
+  "damage, message",
+  [
+    (lambda p: (p / "_METADATA").unlink(), "no _METADATA file, so the saved tree is unknown"),
+    (lambda p: (p / "_METADATA").write_text("{not json"), "_METADATA: not valid JSON"),
+    (lambda p: (p / "_METADATA").write_text("[1, 2]"), "expected a JSON object, got list"),
+  ],
+)
+def test_missing_or_damaged_metadata_fails_loudly(orbax_dir, damage, message):
+  damage(orbax_dir)
+  with pytest.raises(StoreError, match=re.escape(message)):
+    OrbaxSource(orbax_dir)
+
+
+def manager_root(tmp_path, steps):
+  root = tmp_path / "run"
+  with ocp.CheckpointManager(root, item_names=("params",)) as manager:
+    for step in steps:
+      manager.save(
+        step,
+        args=ocp.args.Composite(params=ocp.args.StandardSave({"w": np.full(3, step, np.float32)})),
+      )
+      manager.wait_until_finished()
+  return root
+
+
+def crash_during_save(root, step, committed_step):
+  """What a crash while saving ``step`` leaves: the step written to a tmp name, never renamed."""
+  tmp = root / f"{step}.orbax-checkpoint-tmp-1234"
+  shutil.copytree(root / str(committed_step), tmp)
+  return tmp
+
+
+def test_only_uncommitted_steps_are_never_read(tmp_path):
+  root = manager_root(tmp_path, [3])
+  crash_during_save(root, 10, 3)
+  shutil.rmtree(root / "3")
+  assert ocp.CheckpointManager(root).all_steps() == []  # orbax sees no steps either
+  with pytest.raises(
+    StoreError, match=r"every step here \(10\.orbax-checkpoint-tmp-1234\) is not committed"
+  ):
+    OrbaxSource(root)
+  with pytest.raises(StoreError, match="is not committed"):
+    OrbaxSource(root / "10.orbax-checkpoint-tmp-1234" / "params")
+
+
+def test_the_latest_committed_step_wins_over_a_newer_uncommitted_one(tmp_path):
+  root = manager_root(tmp_path, [3])
+  crash_during_save(root, 10, 3)
+  src = OrbaxSource(root)
+  assert src.path == root / "3" / "params"
+  np.testing.assert_array_equal(src.lease("w").read(), np.full(3, 3.0))
+  with pytest.raises(StoreError, match="step 10 is not committed"):
+    OrbaxSource(root, step=10)
+
+
+def test_object_store_steps_need_their_commit_file(tmp_path, monkeypatch):
+  """On GCS orbax writes the step in place and commits it with commit_success.txt."""
+  from orbax.checkpoint._src.path import gcs_utils
+
+  root = manager_root(tmp_path, [1, 2])
+  (root / "2" / "commit_success.txt").unlink(missing_ok=True)
+  monkeypatch.setattr(gcs_utils, "is_gcs_path", lambda path: True)
+  if not (root / "1" / "commit_success.txt").exists():
+    pytest.skip("this orbax version writes no commit file for local steps")
+  src = OrbaxSource(root)
+  assert src.path == root / "1" / "params"
+
+
+# --- orbax: a read interrupted or failing names its own parameter --------------------------------------
+
+
+def test_an_interrupted_orbax_read_names_the_tensor_being_read(tmp_path, monkeypatch):
+  path = tmp_path / "c"
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(path, dict(TENSORS))
+  ckpt.wait_until_finished()
+  src = OrbaxSource(path)
+  issue = OrbaxSource._issue
+
+  class Interrupted:
+    def result(self):
+      raise KeyboardInterrupt
+
+  def interrupt_third(self, stores, requests):
+    issued = issue(self, stores, requests)
+    return [(v, Interrupted() if i == 2 else f) for i, (v, f) in enumerate(issued)]
+
+  monkeypatch.setattr(OrbaxSource, "_issue", interrupt_third)
+  tree = target()
+  with pytest.raises(KeyboardInterrupt) as info:
+    prj.restore(tree, src)
+  assert (
+    "paramreg_jax: interrupted while materializing n:w2; nothing was kept" in info.value.__notes__
+  )
+  untouched(tree)
+
+
+@pytest.mark.parametrize("damage", ["flip bytes", "truncate", "delete"])
+def test_structurally_damaged_orbax_data_is_an_error_naming_a_parameter(tmp_path, damage):
+  path = tmp_path / "c"
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(path, dict(TENSORS))
+  ckpt.wait_until_finished()
+  src = OrbaxSource(path)
+  for f in sorted((path).rglob("d/*")):
+    data = f.read_bytes()
+    if damage == "flip bytes":
+      f.write_bytes(data[: len(data) // 2] + b"\xff" * 64 + data[len(data) // 2 + 64 :])
+    elif damage == "truncate":
+      f.write_bytes(data[: len(data) // 3])
+    else:
+      f.unlink()
+  tree = target()
+  with pytest.raises(prj.MaterializationError, match=r"^n:w\d: .*the target is untouched"):
+    prj.restore(tree, src)
+  untouched(tree)
+
+
+# --- a target JAX cannot hold fails in the plan, before any read ------------------------------------
+
+
+def test_a_float64_target_without_x64_is_refused_by_the_plan():
+  assert not jax.config.jax_enable_x64
+  src = MemorySource({"w": np.ones(2, np.float64)})
+  with pytest.raises(prj.RestorePlanError) as info:
+    prj.restore({"w": jax.ShapeDtypeStruct((2,), np.float64)}, src)
+  assert info.value.problems == (
+    "n:w: the target is float64, but with jax_enable_x64 off JAX stores it as float32, so it "
+    "could never bind; call jax.config.update('jax_enable_x64', True) first, or make the target "
+    "float32 (dtype_policy='cast' converts the checkpoint)",
+  )
+  assert src.stats.reads == 0
+  restored = prj.restore({"w": jax.ShapeDtypeStruct((2,), np.float32)}, src, dtype_policy="cast")
+  assert restored["w"].dtype == np.float32
