@@ -172,6 +172,40 @@ def test_infer_errors_golden(make, error, message):
   assert src.stats.reads == 0
 
 
+@pytest.mark.parametrize(
+  "make, text",
+  [
+    (
+      lambda: R.stack([R.transpose(R.source(f"l.{i}.w"), (1, 0)) for i in range(4)], 0),
+      "stack(4 × transpose(source('l.{i}.w'), (1, 0)), axis=0)",
+    ),
+    (
+      lambda: R.concatenate([R.source(f"h{i}.w{i}") for i in range(2, 5)], 1),
+      "concatenate(3 × source('h{i}.w{i}') for i in 2..4, axis=1)",
+    ),
+    # only an exact count is summarized; anything else is listed in full
+    (
+      lambda: R.stack([R.source(f"l{i}.w") for i in (0, 2, 1)], 0),
+      "stack([source('l0.w'), source('l2.w'), source('l1.w')], axis=0)",
+    ),
+    (
+      lambda: R.stack([R.source(f"l0{i}.w") for i in range(3)], 0),
+      "stack([source('l00.w'), source('l01.w'), source('l02.w')], axis=0)",
+    ),
+    (
+      lambda: R.concatenate([R.source(f"{p}.w") for p in "qkv"], 0),
+      "concatenate([source('q.w'), source('k.w'), source('v.w')], axis=0)",
+    ),
+    (
+      lambda: R.stack([R.source("l0.w"), R.source("l1.w")], 0),
+      "stack([source('l0.w'), source('l1.w')], axis=0)",
+    ),
+  ],
+)
+def test_joined_recipes_print_repeated_layers_once(make, text):
+  assert str(make()) == text
+
+
 def test_zero_sized_and_unsupported_and_empty_key():
   src = MemorySource({"empty": np.zeros((0, 2), np.float32), "obj": np.array(["x"])})
   with pytest.raises(

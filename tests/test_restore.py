@@ -111,6 +111,40 @@ def test_plan_reports_every_problem_at_once():
   assert src.stats.reads == 0
 
 
+def test_a_misspelt_recipe_key_is_one_problem_with_a_suggestion():
+  src = MemorySource({"fc.weight": np.ones((3, 2), np.float32), "fc.bias": np.ones(3, np.float32)})
+  target = {"fc": {"kernel": sds((2, 3)), "bias": sds((3,))}}
+  with pytest.raises(prj.RestorePlanError) as info:
+    prj.plan_restore(
+      target,
+      src,
+      recipes={"fc/kernel": R.transpose(R.source("fc.weigth"), (1, 0))},
+      rename={r"fc\.bias": "fc/bias"},
+    )
+  # not also "'fc.weight': no rule covers it" and "'fc.weight' is not used by any parameter"
+  assert info.value.problems == (
+    "n:fc/kernel: source('fc.weigth'): the checkpoint has no tensor 'fc.weigth'; did you mean "
+    "'fc.weight'?",
+  )
+
+
+def test_the_plan_summarizes_stacked_layers():
+  layers = 32
+  src = MemorySource(
+    {f"model.layers.{i}.mlp.up_proj.weight": np.ones((4, 2), np.float32) for i in range(layers)}
+  )
+  recipe = R.stack(
+    [R.transpose(R.source(f"model.layers.{i}.mlp.up_proj.weight"), (1, 0)) for i in range(layers)],
+    0,
+  )
+  plan = prj.plan_restore({"up": sds((layers, 2, 4))}, src, recipes={"up": recipe})
+  line = str(plan).splitlines()[1]
+  assert line.endswith(
+    "<- stack(32 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)), axis=0)"
+  )
+  assert len(line) <= 120  # listed in full it would be ~2,400 characters
+
+
 def test_dtype_policy_cast_and_exclude():
   src = MemorySource({"b": np.arange(3, dtype=np.float16), "step": np.int32(3)})
   target = {"b": jnp.zeros(3, jnp.float32), "frozen": jnp.full(2, 7.0)}

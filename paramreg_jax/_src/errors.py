@@ -7,6 +7,7 @@ or tree path, the expected and the actual value, and the fix.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from collections.abc import Sequence
 
@@ -224,3 +225,15 @@ def collected(what: str, problems: Sequence[str], outcome: str) -> str:
 def bullet_list(lines: Iterable[str]) -> str:
   """Formats collected failures as an indented bullet list (one helper for every report)."""
   return "".join(f"\n  - {line}" for line in lines)
+
+
+def closest_keys(key: str, known: Iterable[str], n: int = 3) -> list[str]:
+  """The known keys a typo of ``key`` most likely meant (closest spelling first)."""
+  return difflib.get_close_matches(key, list(known), n=n, cutoff=0.75)
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+  """``"; did you mean 'x'?"`` for the closest known keys, or ``""`` (one helper for every
+  unknown-key message)."""
+  near = closest_keys(key, known)
+  return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""

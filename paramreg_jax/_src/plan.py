@@ -276,13 +276,17 @@ def plan_restore(
 
   # checkpoint key -> target name
   source_keys = tuple(source.keys())
+  by_recipes = {k for r in recipe_map.values() for k in ops.source_keys(r)}
+  # A recipe's misspelt key is reported once, with "did you mean"; the key it most likely meant
+  # is not reported again as uncovered by the rename rules or as unused.
+  known = set(source_keys)
+  meant = {m for k in by_recipes - known for m in errors.closest_keys(k, source_keys, n=1)}
   renamed: dict[str, str] = {}
   dropped: list[str] = []
   if rename is not None:
     rules = rename if isinstance(rename, sets.Rename) else sets.rename(rename)
     # keys that recipes read need no rename rule
-    by_recipes = {k for r in recipe_map.values() for k in ops.source_keys(r)}
-    loaded = [k for k in source_keys if not excluded(k) and k not in by_recipes]
+    loaded = [k for k in source_keys if not excluded(k) and k not in by_recipes | meant]
     try:
       renamed = rules.apply(loaded)
     except errors.RecipeSetError as e:
@@ -302,7 +306,7 @@ def plan_restore(
       problems.append(str(e))
 
   entries: list[PlanEntry] = []
-  used: set[str] = set()
+  used: set[str] = set(meant)
   excluded_keys = []
   for slot in slots:
     if excluded(slot.name):

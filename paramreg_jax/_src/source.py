@@ -162,10 +162,9 @@ class BaseSource:
 
   def unknown_key(self, key: str) -> errors.UnknownTensorError:
     known = self.keys()
-    near = [k for k in known if k.split("/")[-1] == str(key).split("/")[-1]][:3]
-    hint = f"; similar keys: {', '.join(near)}" if near else ""
     return errors.UnknownTensorError(
-      f"{key!r} is not in {self!r} ({len(known)} tensors){hint}; check the key or add a rename"
+      f"{key!r} is not in {self!r} ({len(known)} tensors)"
+      f"{errors.did_you_mean(str(key), known) or '.'} Check the key or add a rename"
     )
 
   def lease(self, key: str, selection: Any = None) -> CheckpointLease:

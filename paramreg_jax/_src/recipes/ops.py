@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,6 +116,35 @@ class Select(Recipe):
     return f"select({self.input}, {self.selection})"
 
 
+def _listing(inputs: Sequence[Recipe]) -> str:
+  """``[a, b]``, or for three or more inputs that differ only in one counting number (layer
+  ``i`` of a checkpoint) ``32 × transpose(source('layers.{i}.w'), (1, 0))``, so a plan's line
+  for a 32-layer stack stays readable."""
+  parts = [str(x) for x in inputs]
+  summary = _counted(parts) if len(parts) >= 3 else None
+  return summary or f"[{', '.join(parts)}]"
+
+
+def _counted(parts: list[str]) -> str | None:
+  tokens = [re.split(r"(\d+)", p) for p in parts]  # odd positions hold the numbers
+  if len({len(t) for t in tokens}) != 1:
+    return None
+  first = tokens[0]
+  varying = [j for j in range(1, len(first), 2) if len({t[j] for t in tokens}) > 1]
+  if not varying or any(t[j] != first[j] for t in tokens for j in range(0, len(first), 2)):
+    return None
+  if any(
+    len({t[j] for j in varying}) != 1 or str(int(t[varying[0]])) != t[varying[0]] for t in tokens
+  ):
+    return None
+  start = int(first[varying[0]])
+  if [int(t[varying[0]]) for t in tokens] != list(range(start, start + len(parts))):
+    return None
+  template = "".join("{i}" if j in varying else tok for j, tok in enumerate(first))
+  span = f" for i in {start}..{start + len(parts) - 1}" if start else ""
+  return f"{len(parts)} × {template}{span}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Concatenate(Recipe):
   inputs: tuple[Recipe, ...]
@@ -124,7 +154,7 @@ class Concatenate(Recipe):
     return self.inputs
 
   def __str__(self) -> str:
-    return f"concatenate([{', '.join(map(str, self.inputs))}], axis={self.axis})"
+    return f"concatenate({_listing(self.inputs)}, axis={self.axis})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +166,7 @@ class Stack(Recipe):
     return self.inputs
 
   def __str__(self) -> str:
-    return f"stack([{', '.join(map(str, self.inputs))}], axis={self.axis})"
+    return f"stack({_listing(self.inputs)}, axis={self.axis})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,9 +426,10 @@ def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.Tens
     if not node.key.strip():
       raise errors.EmptySourceKeyError(f"{node}: the key must be a non-empty string")
     if node.key not in src.keys():
-      near = [k for k in src.keys() if k.split("/")[-1] == node.key.split("/")[-1]][:3]
-      hint = f" (similar: {', '.join(near)})" if near else ""
-      raise errors.UnknownSourceKeyError(f"{node}: the checkpoint has no tensor {node.key!r}{hint}")
+      raise errors.UnknownSourceKeyError(
+        f"{node}: the checkpoint has no tensor {node.key!r}"
+        + errors.did_you_mean(node.key, src.keys())
+      )
     stored = src.metadata(node.key)
     check_dtype(stored.dtype, str(node))
     return source_lib.TensorMetadata(

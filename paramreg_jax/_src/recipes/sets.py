@@ -50,6 +50,7 @@ class FusedSplit(Mapping[str, ops.Recipe]):
     if meta is None:
       raise errors.UnknownSourceKeyError(
         f"fused_split({self.key!r}): the checkpoint has no tensor {self.key!r}"
+        + errors.did_you_mean(self.key, src.keys())
       )
     if self.axis >= len(meta.shape):
       raise errors.InvalidSelectionAxisError(
