@@ -32,4 +32,4 @@ def strict_promotion():
 
 
 # Scripts that tests run as separate processes (they initialise jax.distributed at import).
-collect_ignore_glob = ["tests/*_worker.py"]
+collect_ignore_glob = ["tests/*_worker.py", "tests/*_shim.py"]

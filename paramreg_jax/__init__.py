@@ -22,8 +22,8 @@ from paramreg_jax._src.errors import ShapeMismatchError
 from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
-from paramreg_jax._src.keyed import KeyedSlots
 from paramreg_jax._src.keyed import keyed
+from paramreg_jax._src.keyed import param_state
 from paramreg_jax._src.keyed import state_keys
 from paramreg_jax._src.keys import INDEXED_KEY_PREFIX
 from paramreg_jax._src.keys import NAMED_KEY_PREFIX
@@ -36,6 +36,7 @@ from paramreg_jax._src.plan import RestorePlan
 from paramreg_jax._src.plan import plan_restore
 from paramreg_jax._src.reconcile import SurgeryReport
 from paramreg_jax._src.reconcile import reconcile
+from paramreg_jax._src.reconcile import reconcile_optimizer
 from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
@@ -66,7 +67,6 @@ __all__ = (
   "Indices",
   "JaxBackend",
   "KeyCollisionError",
-  "KeyedSlots",
   "MalformedKeyError",
   "MaterializationError",
   "MaterializedUnit",
@@ -100,9 +100,11 @@ __all__ = (
   "mask_by_pattern",
   "materialize",
   "name_to_path",
+  "param_state",
   "path_to_name",
   "plan_restore",
   "reconcile",
+  "reconcile_optimizer",
   "restore",
   "state_keys",
   "use_cpu_devices",

@@ -206,12 +206,15 @@ def test_object_store_steps_need_their_commit_file(tmp_path, monkeypatch):
 # --- orbax: a read interrupted or failing names its own parameter --------------------------------------
 
 
-def test_an_interrupted_orbax_read_names_the_tensor_being_read(tmp_path, monkeypatch):
-  path = tmp_path / "c"
+def saved_tensors(path):
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(path, dict(TENSORS))
   ckpt.wait_until_finished()
-  src = OrbaxSource(path)
+  return OrbaxSource(path)
+
+
+def test_an_interrupted_orbax_read_names_the_tensor_being_read(tmp_path, monkeypatch):
+  src = saved_tensors(tmp_path / "c")
   issue = OrbaxSource._issue
 
   class Interrupted:
@@ -235,11 +238,8 @@ def test_an_interrupted_orbax_read_names_the_tensor_being_read(tmp_path, monkeyp
 @pytest.mark.parametrize("damage", ["flip bytes", "truncate", "delete"])
 def test_structurally_damaged_orbax_data_is_an_error_naming_a_parameter(tmp_path, damage):
   path = tmp_path / "c"
-  ckpt = ocp.StandardCheckpointer()
-  ckpt.save(path, dict(TENSORS))
-  ckpt.wait_until_finished()
-  src = OrbaxSource(path)
-  for f in sorted((path).rglob("d/*")):
+  src = saved_tensors(path)
+  for f in sorted(path.rglob("d/*")):
     data = f.read_bytes()
     if damage == "flip bytes":
       f.write_bytes(data[: len(data) // 2] + b"\xff" * 64 + data[len(data) // 2 + 64 :])

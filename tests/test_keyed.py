@@ -87,7 +87,9 @@ def test_every_lr_only_alias_is_bit_identical(name, jit):
   assert_bit_identical(p_keyed, p_plain)
   # every per-parameter subtree got keyed (optimizers without per-parameter state have none)
   all_keys = {"n:" + n for n in keys_lib.tree_names(params)}
-  assert prj.state_keys(state) in (frozenset(), all_keys)
+  assert prj.state_keys(state, params) in (frozenset(), all_keys)
+  plain_state = make(1e-2).init(params)
+  assert jax.tree.structure(state) == jax.tree.structure(plain_state)  # optax's own structure
 
 
 def compositions():
@@ -121,7 +123,8 @@ def test_compositions_are_bit_identical(name, jit):
   p_keyed, u_keyed, state = run(prj.keyed(tx), params, jit=jit)
   assert_bit_identical(u_keyed, u_plain)
   assert_bit_identical(p_keyed, p_plain)
-  assert prj.state_keys(state)  # something was keyed
+  assert prj.state_keys(state, params)  # parameter state was found, by key
+  assert jax.tree.structure(state) == jax.tree.structure(tx.init(params))
 
 
 def test_lookahead_keeps_working_and_is_keyed():
@@ -136,28 +139,26 @@ def test_lookahead_keeps_working_and_is_keyed():
       p = optax.apply_updates(p, updates)
     results.append(p)
   assert_bit_identical(results[0], results[1])
-  assert "n:enc/kernel" in prj.state_keys(state)
+  assert "n:enc/kernel" in prj.state_keys(state, params.fast)
 
 
-def test_state_layout_is_keyed_by_canonical_key():
+def test_state_has_optax_structure_and_is_read_by_key():
   params = make_params()
   state = prj.keyed(optax.adam(1e-2)).init(params)
-  mu = state[0].mu
-  assert isinstance(mu, prj.KeyedSlots)
-  assert list(mu) == sorted("n:" + n for n in keys_lib.tree_names(params))
-  assert mu["n:layers/1/scale"].shape == ()
-  assert state[0].count.shape == ()  # scalar state stays where it is
-  with pytest.raises(KeyError):
-    mu["n:nope"]
-  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-  assert "[0].mu['n:enc/kernel']" in paths
+  assert jax.tree.structure(state) == jax.tree.structure(optax.adam(1e-2).init(params))
+  assert prj.state_keys(state, params) == {"n:" + n for n in keys_lib.tree_names(params)}
+  assert set(prj.param_state(state, params, "n:layers/1/scale")) == {"0/mu", "0/nu"}
+  assert prj.param_state(state, params, "n:layers/1/scale")["0/mu"].shape == ()
+  with pytest.raises(KeyError, match=re.escape("did you mean 'n:layers/1/scale'")):
+    prj.param_state(state, params, "n:layers/1/scael")
 
 
 def test_masked_parameters_hold_no_state():
   params = make_params()
   tx = optax.masked(optax.adam(1e-2), prj.mask_by_pattern(params, ["layers/**"]))
   state = prj.keyed(tx).init(params)
-  assert prj.state_keys(state) == {"n:layers/0/w", "n:layers/1/w", "n:layers/1/scale"}
+  assert prj.state_keys(state, params) == {"n:layers/0/w", "n:layers/1/w", "n:layers/1/scale"}
+  assert prj.param_state(state, params, "n:enc/kernel") == {}
 
 
 def count_traces(tx, params, calls=3):
@@ -214,7 +215,8 @@ def test_updating_with_the_wrong_params_is_a_clear_error():
     tx.update(jax.tree.map(jnp.ones_like, grown), state, grown)
   msg = str(info.value)
   assert (
-    "1 parameter(s) without state, 1 state key(s) without a parameter, 0 shape change(s)" in msg
+    "1 parameter(s) without state, 1 state key(s) without a parameter, 0 reshaped parameter(s)"
+    in msg
   )
   assert "missing state: n:extra" in msg and "unexpected state: n:head" in msg
   assert "paramreg_jax.reconcile(tx, state, params)" in msg
@@ -222,20 +224,26 @@ def test_updating_with_the_wrong_params_is_a_clear_error():
   wide = dict(params, head=jnp.ones((1, 4)))
   with pytest.raises(
     prj.StateMismatchError,
-    match=re.escape("n:head: state was built for (4,), the update is (1, 4)"),
+    match=re.escape("n:head: state 0/mu was built for (4,), the parameter is (1, 4)"),
   ):
     jax.jit(tx.update)(jax.tree.map(jnp.ones_like, wide), state, wide)
 
 
-def test_bare_leaf_params_are_refused():
-  with pytest.raises(prj.MalformedKeyError, match="wrap it in a dict"):
-    prj.keyed(optax.adam(1e-2)).init(jnp.ones(3))
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_bare_array_params_work_as_in_optax_docs(jit):
+  params = jnp.linspace(-1.0, 1.0, 3)
+  p_plain, u_plain, _ = run(optax.adam(1e-2), params, jit=jit)
+  p_keyed, u_keyed, state = run(prj.keyed(optax.adam(1e-2)), params, jit=jit)
+  assert_bit_identical((p_keyed, u_keyed), (p_plain, u_plain))
+  assert prj.state_keys(state, params) == {"p:0"}  # a bare array has no path: its position
+  with pytest.raises(prj.StateMismatchError, match=re.escape("p:0: state 0/mu was built for (3,)")):
+    prj.keyed(optax.adam(1e-2)).update(jnp.ones(4), state, jnp.ones(4))
 
 
 def test_by_position():
   params = make_params()
   state = prj.keyed(optax.adam(1e-2), by="position").init(params)
-  assert sorted(prj.state_keys(state)) == sorted(f"p:{i}" for i in range(6))
+  assert sorted(prj.state_keys(state, params, by="position")) == sorted(f"p:{i}" for i in range(6))
 
 
 def test_bad_by():
@@ -260,8 +268,8 @@ def test_orbax_round_trip_with_target(tmp_path):
   restored = ckpt.restore(tmp_path / "opt", jax.eval_shape(tx.init, WEIRD))
   assert_bit_identical(restored, state)
   assert (
-    prj.state_keys(restored)
-    == prj.state_keys(state)
+    prj.state_keys(restored, WEIRD)
+    == prj.state_keys(state, WEIRD)
     == {
       "n:a~1b",
       "n:c~0d:e/0",
@@ -278,11 +286,13 @@ def test_orbax_round_trip_without_target_then_reconcile(tmp_path):
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(tmp_path / "opt", state)
   ckpt.wait_until_finished()
-  raw = ckpt.restore(tmp_path / "opt")  # plain dicts/lists, no KeyedSlots
-  assert prj.state_keys(raw) == prj.state_keys(state)
+  raw = ckpt.restore(tmp_path / "opt")  # plain dicts and lists: optax's NamedTuples are gone
+  assert prj.state_keys(raw, WEIRD) == prj.state_keys(state, WEIRD)
+  with pytest.raises(prj.StateMismatchError, match=re.escape("restored without a target?")):
+    tx.update(jax.tree.map(jnp.ones_like, WEIRD), raw, WEIRD)
   again, report = prj.reconcile(tx, raw, WEIRD)
   assert_bit_identical(again, state)
-  assert report.kept == tuple(sorted(prj.state_keys(state))) and not report.changed
+  assert report.kept == tuple(sorted(prj.state_keys(state, WEIRD))) and not report.changed
 
 
 def test_keyed_state_is_a_well_behaved_pytree():
@@ -294,7 +304,6 @@ def test_keyed_state_is_a_well_behaved_pytree():
   assert jax.tree.structure(again) == jax.tree.structure(state)
   assert_bit_identical(again, state)
   mapped = jax.tree.map(lambda x: x + 1, state)
-  assert isinstance(mapped[0].mu, prj.KeyedSlots) and list(mapped[0].mu) == list(state[0].mu)
+  assert jax.tree.structure(mapped) == jax.tree.structure(state)
   leaves, treedef = jax.tree_util.tree_flatten(state)
   assert_bit_identical(jax.tree_util.tree_unflatten(treedef, leaves), state)
-  assert "KeyedSlots({'n:enc/bias': (130,)" in repr(state[0].mu)

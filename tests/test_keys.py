@@ -37,7 +37,11 @@ def test_prefixes():
     ((DK("x"), DK(""), DK("y")), "x/~2/y"),
     ((DK("layers"), DK(0), DK("kernel"), GA("value")), "layers/0/kernel"),
     ((DK("layers"), DK(0), DK("kernel"), GA("raw_value")), "layers/0/kernel"),
-    ((DK("layers"), DK(0), DK("kernel"), DK("value")), "layers/0/kernel"),  # orbax-saved NNX
+    # a dict key 'value' is a name like any other (orbax's saved-Variable dicts are folded by
+    # fold_saved_variables, not by the grammar)
+    ((DK("layers"), DK(0), DK("kernel"), DK("value")), "layers/0/kernel/value"),
+    ((DK("attn"), DK("value")), "attn/value"),
+    ((DK("attn"), DK("raw_value")), "attn/raw_value"),
     ((DK("value"),), "value"),
     ((DK("ü"), DK("n:x")), "ü/n:x"),
   ],
@@ -174,3 +178,25 @@ def test_fast_walk_equals_the_general_path_or_declines(tree):
   fast = keys_lib.fast_tree_names(tree, leaves)
   general = keys_lib.paths_to_names([p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]])
   assert fast is None or fast == general
+
+
+def test_value_and_raw_value_dict_keys_are_distinct_names():
+  params = {"attn": {"query": 1.0, "key": 2.0, "value": 3.0, "raw_value": 4.0}}
+  _, keys = prj.assign_keys(prj.ParamRegistry(), params)
+  assert keys["attn"] == {
+    "query": "n:attn/query",
+    "key": "n:attn/key",
+    "value": "n:attn/value",
+    "raw_value": "n:attn/raw_value",
+  }
+
+
+def test_saved_variable_levels_fold_only_when_alone():
+  saved = {
+    "dense": {"kernel": {"value": 1.0}},  # an orbax-saved nnx Variable
+    "attn": {"key": 2.0, "value": 3.0},  # a user's dict with a 'value' entry
+    "v": {"value": {"value": 4.0}},  # a Variable holding a dict key 'value'
+  }
+  paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(saved)[0]]
+  names = [prj.path_to_name(p) for p in keys_lib.fold_saved_variables(paths)]
+  assert names == ["attn/key", "attn/value", "dense/kernel", "v/value"]

@@ -46,8 +46,9 @@ def trained_state(tx, params, steps=3):
 
 
 def slot_values(state, slot="mu"):
-  """{key: leaf} of the named KeyedSlots of a keyed adam state."""
-  return dict(getattr(state[0], slot).items())
+  """{key: leaf} of an adam moment (it has the parameters' structure: keys are its paths)."""
+  flat = jax.tree_util.tree_flatten_with_path(getattr(state[0], slot))[0]
+  return {"n:" + prj.path_to_name(p): x for p, x in flat}
 
 
 TX = prj.keyed(optax.adam(1e-2))
@@ -64,13 +65,12 @@ def test_nothing_changed_keeps_everything_and_allocates_nothing(monkeypatch):
   params = params_of((4, 8))
   state = trained_state(TX, params)
   calls = []
-  real_init = TX.init
+  real = optax.adam(1e-2)
   concrete = lambda p: not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(p))  # noqa: E731
-  tx = optax.GradientTransformationExtraArgs(
-    lambda p: (calls.append(concrete(p)), real_init(p))[1], TX.update
+  counting = optax.GradientTransformation(
+    lambda p: (calls.append(concrete(p)), real.init(p))[1], real.update
   )
-  tx.init.__paramreg_keyed__ = optax.adam(0.01), "name"
-  new, report = prj.reconcile(tx, state, params)
+  new, report = prj.reconcile(prj.keyed(counting), state, params)
   assert not report.changed and len(report.kept) == 4
   chex.assert_trees_all_equal(new, state)
   assert calls == [False]  # init only ran abstractly (jax.eval_shape): no state allocated
@@ -159,7 +159,7 @@ def test_freeze_a_subtree():
   new, report = prj.reconcile(tx_for(True), state, params)
   assert report.dropped == ("n:layers/0/bias", "n:layers/0/kernel")
   assert report.kept == ("n:head/bias", "n:head/kernel")
-  assert prj.state_keys(new) == {"n:head/bias", "n:head/kernel"}
+  assert prj.state_keys(new, params) == {"n:head/bias", "n:head/kernel"}
 
 
 def test_change_a_width_is_never_silent():
@@ -202,10 +202,15 @@ def test_changed_optimizer_is_refused():
     prj.reconcile(other, state, params_of((4, 8)))
 
 
-def test_needs_the_keyed_transformation_and_valid_options():
+def test_plain_optax_works_and_options_are_checked():
   params = params_of((4, 8))
-  with pytest.raises(TypeError, match=re.escape("pass paramreg_jax.keyed(tx)")):
-    prj.reconcile(optax.adam(1e-2), TX.init(params), params)
+  plain = optax.adam(1e-2)
+  state = trained_state(plain, params)
+  again, report = prj.reconcile(plain, state, params)  # plain optax: keys from paths too
+  chex.assert_trees_all_equal(again, state)
+  assert not report.changed and len(report.kept) == 4
+  with pytest.raises(TypeError, match=re.escape("needs the optax transformation that built")):
+    prj.reconcile(lambda p: p, TX.init(params), params)
   with pytest.raises(ValueError, match="on_missing must be one of"):
     prj.reconcile(TX, TX.init(params), params, on_missing="drop")
 
@@ -298,7 +303,7 @@ def test_random_surgery_keeps_invariants(case):
       chex.assert_trees_all_equal(
         slot_values(new, slot)[k], slot_values(state, slot)[inverse.get(k, k)]
       )
-  assert prj.state_keys(new) == set(new_keys)
+  assert prj.state_keys(new, new_params) == set(new_keys)
   tx.update(jax.tree.map(jnp.ones_like, new_params), new, new_params)
 
 

@@ -131,14 +131,15 @@ def run(*, workdir: str | None = None) -> None:
 
     say(
       "3. Train with a keyed optimizer, save params + optimizer state with orbax",
-      "keyed(adamw) gives bit-identical updates; its moments are stored by key.",
+      "keyed(adamw): optax's own state and updates, bit for bit; parameter keys come from paths.",
     )
     mesh8 = jax.sharding.Mesh(devices.reshape(8), ("x",))
     params = jax.device_put(params, shard(params, mesh8, "x"))
     tx = keyed_lib.keyed(optax.adamw(2e-2))
     params, state, loss = train(graphdef, params, tx, tx.init(params), 80)
     print(f"   80 steps on mesh {dict(mesh8.shape)}, loss {loss:.4f}")
-    print(f"   adam moments held for: {', '.join(sorted(state[0].mu)[:3])}, ...")
+    held = sorted(keyed_lib.state_keys(state, params))
+    print(f"   adam moments held for: {', '.join(held[:3])}, ... ({len(held)} keys, from paths)")
     manager = ocp.CheckpointManager(f"{workdir}/ckpts", item_names=("params", "opt"))
     manager.save(
       80,

@@ -1,24 +1,32 @@
-"""``keyed``: optax state stored by canonical parameter key instead of tree position.
+"""``keyed``: any optax transformation, with parameter identity derived from tree paths.
 
-``keyed(tx)`` wraps any optax transformation. Its state is the inner state with every subtree
-that mirrors the parameters (moments, traces, accumulators, ``MultiSteps`` gradients, EMA
-params) replaced by a :class:`KeyedSlots` mapping ``canonical key -> leaf``. Counts and
-hyperparameters stay where they are. The conversion is pure restructuring: under ``jax.jit``
-it compiles away, and updates are bit-identical to ``tx``'s.
+``keyed(tx).init(params)`` *is* ``tx.init(params)``: the same pytree, leaf for leaf. Moments keep
+the parameters' structure, metadata boxes (``nn.Partitioned``, NNX variables) included, so every
+optax, flax and equinox utility that pairs state with parameters keeps working, and ``update``
+returns ``tx``'s updates bit for bit. What ``keyed`` adds is identity, derived from paths and
+never stored in the state:
 
-The static layout of each mirror (its tree structure, the key at each position, masked
-positions, parameter shapes) travels in the pytree aux data of its ``KeyedSlots``, so
-``update`` needs no cache and no host work beyond checking shapes at trace time.
+* ``update`` checks, at trace time (nothing runs inside a jitted step), that the state is what
+  ``tx.init`` builds for the parameters it is updating; otherwise a ``StateMismatchError`` names
+  every missing, unexpected and reshaped parameter key, instead of optax's structure error or,
+  worse, a silent broadcast;
+* :func:`state_keys` and :func:`param_state` read a state by canonical key;
+* :func:`~paramreg_jax.reconcile` fits a state from an older model to new parameters by key.
+
+Parameter-shaped subtrees of a state ("mirrors": Adam's ``mu``/``nu``, traces, accumulators) are
+found by structure: a subtree mirrors the parameters when it has their structure, with
+``optax.MaskedNode`` standing for masked subtrees (so prefix masks and labels work); its leaves
+may have other shapes (adafactor's factored moments). A bare-array parameter is mirrored by a
+leaf of its shape and dtype.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from paramreg_jax._src import errors
@@ -26,273 +34,324 @@ from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src import registry as registry_lib
 
 _KEYED_MARK = "__paramreg_keyed__"
+_CACHE_SIZE = 64
 
 
 def _is_masked(x: Any) -> bool:
   return isinstance(x, optax.MaskedNode)
 
 
-@dataclasses.dataclass(frozen=True)
-class SlotLayout:
-  """Static layout of one mirrored subtree (pytree aux data of ``KeyedSlots``).
-
-  Attributes:
-    structure: the inner subtree's treedef, with ``optax.MaskedNode`` counted as a leaf.
-    leaf_keys: the canonical key at each leaf position of ``structure``.
-    masked: whether each position holds a ``MaskedNode`` (no state for that parameter).
-    param_shapes: the parameter's shape at each position, checked against updates.
-  """
-
-  structure: Any
-  leaf_keys: tuple[str, ...]
-  masked: tuple[bool, ...]
-  param_shapes: tuple[tuple[int, ...], ...]
-  # Derived once (layouts are static; they were re-sorted on every access and every step):
-  # the keys that hold state, sorted (the order of ``KeyedSlots`` children), and their positions.
-  keys: tuple[str, ...] = dataclasses.field(init=False, compare=False, repr=False)
-  positions: dict[str, int] = dataclasses.field(init=False, compare=False, repr=False)
-
-  def __post_init__(self) -> None:
-    keys = tuple(sorted(k for k, m in zip(self.leaf_keys, self.masked) if not m))
-    object.__setattr__(self, "keys", keys)
-    object.__setattr__(self, "positions", {k: i for i, k in enumerate(keys)})
+def _dtype(x: Any) -> Any:
+  """``x``'s dtype: numpy's, or jax's extended ones (PRNG keys in dpsgd's state)."""
+  dtype = getattr(x, "dtype", None)
+  return dtype if dtype is not None else np.asarray(x).dtype
 
 
-class KeyedSlots(Mapping[str, Any]):
-  """A read-only mapping ``canonical key -> state leaf`` for one mirrored state subtree.
-
-  It is a pytree node whose children are the leaves in sorted key order, each under a
-  ``DictKey(canonical key)`` path entry, so a checkpoint stores ``mu`` as a dict keyed by
-  ``n:dense/kernel``-style keys, and restoring it without a target gives that plain dict back.
-
-  Examples:
-    >>> import jax.numpy as jnp, optax
-    >>> from paramreg_jax import keyed
-    >>> tx = keyed(optax.adam(1e-3))
-    >>> state = tx.init({"dense": {"kernel": jnp.zeros((2, 2)), "bias": jnp.zeros(2)}})
-    >>> mu = state[0].mu
-    >>> list(mu), mu["n:dense/bias"].shape
-    (['n:dense/bias', 'n:dense/kernel'], (2,))
-  """
-
-  __slots__ = ("_layout", "_leaves")
-
-  def __init__(self, layout: SlotLayout, leaves: tuple[Any, ...]):
-    self._layout = layout
-    self._leaves = tuple(leaves)
-
-  @property
-  def layout(self) -> SlotLayout:
-    return self._layout
-
-  def __getitem__(self, key: str) -> Any:
-    index = self._layout.positions.get(key)
-    if index is None:
-      raise KeyError(key)
-    return self._leaves[index]
-
-  def __iter__(self) -> Iterator[str]:
-    return iter(self._layout.keys)
-
-  def __len__(self) -> int:
-    return len(self._leaves)
-
-  def __reduce__(self) -> tuple[Any, ...]:
-    return (KeyedSlots, (self._layout, self._leaves))
-
-  def __repr__(self) -> str:
-    items = ", ".join(
-      f"{k!r}: {getattr(v, 'shape', v)}" for k, v in zip(self._layout.keys, self._leaves)
-    )
-    return f"KeyedSlots({{{items}}})"
-
-  __eq__ = object.__eq__  # type: ignore[assignment]  # leaves are arrays
-  __hash__ = object.__hash__  # type: ignore[assignment]
-
-  # --- conversion -----------------------------------------------------------------------
-
-  @classmethod
-  def from_inner(cls, subtree: Any, layout: SlotLayout) -> KeyedSlots:
-    leaves = layout.structure.flatten_up_to(subtree)
-    by_key = {k: x for k, x, m in zip(layout.leaf_keys, leaves, layout.masked) if not m}
-    return cls(layout, tuple(by_key[k] for k in layout.keys))
-
-  def to_inner(self) -> Any:
-    layout = self._layout
-    by_key = dict(zip(layout.keys, self._leaves))
-    leaves = [
-      optax.MaskedNode() if m else by_key[k] for k, m in zip(layout.leaf_keys, layout.masked)
-    ]
-    return layout.structure.unflatten(leaves)
+def _abstract(tree: Any) -> Any:
+  """Shapes and dtypes only (tracers, arrays, numbers); pytree nodes and boxes kept."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)), tree)
 
 
-jax.tree_util.register_pytree_with_keys(
-  KeyedSlots,
-  lambda s: (
-    tuple((jax.tree_util.DictKey(k), x) for k, x in zip(s.layout.keys, s._leaves)),
-    s.layout,
-  ),
-  lambda layout, leaves: KeyedSlots(layout, tuple(leaves)),
-  flatten_func=lambda s: (s._leaves, s.layout),
-)
+def _leaf_signature(x: Any) -> tuple[tuple[int, ...], Any]:
+  try:
+    return x.shape, x.dtype  # arrays, tracers, ShapeDtypeStructs: plain attribute reads
+  except AttributeError:
+    return tuple(np.shape(x)), _dtype(x)  # Python numbers
 
 
-def _is_keyed(x: Any) -> bool:
-  return isinstance(x, KeyedSlots)
+def _signature(tree: Any) -> tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]:
+  """Treedef, and shape and dtype per leaf: what the state ``tx.init`` builds depends on."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple(map(_leaf_signature, leaves))
 
 
-# --- building layouts -------------------------------------------------------------------
+# --- which parameter each leaf of a state belongs to ----------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class _Template:
-  """A tree the inner state may mirror: its treedef, keys and leaf shapes."""
+class ParamIndex:
+  """The parameters' keys and shapes by flatten position, and a tree of those positions."""
 
-  treedef: Any
+  positions: Any  # the params tree with each leaf replaced by its flatten index
   keys: tuple[str, ...]
   shapes: tuple[tuple[int, ...], ...]
+  dtypes: tuple[Any, ...]
 
-
-def _template(tree: Any, by: registry_lib.By, *, what: str) -> _Template:
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  treedef_: Any = treedef
-  if treedef_.num_nodes == 1 and treedef_.num_leaves == 1:
-    raise errors.MalformedKeyError(
-      f"{what} is a single bare array; keyed optimizer state needs a tree of parameters: wrap "
-      "it in a dict ({'w': params})"
+  @classmethod
+  def of(cls, params: Any, by: registry_lib.By) -> ParamIndex:
+    leaves, flat_def = jax.tree_util.tree_flatten(params)
+    treedef: Any = flat_def  # PyTreeDef's methods are not in jax's type stubs
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+      keys: tuple[str, ...] = (keys_lib.INDEXED_KEY_PREFIX + "0",)  # a bare array has no path
+    else:
+      keys = registry_lib.tree_keys(params, treedef, by=by)[0]
+    return cls(
+      treedef.unflatten(range(len(leaves))),
+      tuple(keys),
+      tuple(tuple(np.shape(x)) for x in leaves),
+      tuple(_dtype(x) for x in leaves),
     )
-  keys, _ = registry_lib.tree_keys(tree, treedef, by=by)
-  shapes = tuple(tuple(getattr(x, "shape", ())) for x in leaves)
-  return _Template(treedef, keys, shapes)
 
-
-def _templates(params: Any, by: registry_lib.By) -> list[_Template]:
-  out = [_template(params, by, what="params")]
-  if isinstance(params, optax.LookaheadParams):  # fast/slow: inner state mirrors params.fast
-    out.append(_template(params.fast, by, what="params.fast"))
-  return out
-
-
-def _to_keyed(inner: Any, templates: list[_Template]) -> Any:
-  by_treedef = {t.treedef: t for t in templates}
-
-  def match(node: Any) -> _Template | None:
-    if node is None or _is_masked(node) or isinstance(node, (jax.Array, jax.ShapeDtypeStruct)):
+  def mirror_keys(self, node: Any) -> tuple[str | None, ...] | None:
+    """The parameter key of each leaf of ``node`` (``None`` at ``MaskedNode``s), if ``node``
+    mirrors the parameters; else ``None``."""
+    if node is None or isinstance(node, (str, bytes)):
       return None
-    structure = jax.tree_util.tree_structure(node, is_leaf=_is_masked)
-    return by_treedef.get(structure)
+    leaves, flat_def = jax.tree_util.tree_flatten(node, is_leaf=_is_masked)
+    treedef: Any = flat_def
+    if not leaves or treedef.num_leaves > len(self.keys):
+      return None
+    if treedef.num_nodes == 1 and not _is_masked(leaves[0]):  # a leaf: mirrors a bare array
+      bare = len(self.keys) == 1 and isinstance(self.positions, int)
+      ok = bare and np.shape(leaves[0]) == self.shapes[0] and _dtype(leaves[0]) == self.dtypes[0]
+      return (self.keys[0],) if ok else None
+    try:
+      parts = treedef.flatten_up_to(self.positions)
+    except (ValueError, TypeError):
+      return None
+    out: list[str | None] = []
+    for leaf, part in zip(leaves, parts):
+      if _is_masked(leaf):
+        out.append(None)  # stands for a masked subtree: no state for those parameters
+      elif isinstance(part, int):  # shapes may differ: adafactor's factored moments
+        out.append(self.keys[part])
+      else:
+        return None
+    return tuple(out) if any(k is not None for k in out) else None
 
-  def convert(node: Any) -> Any:
-    t = match(node)
-    if t is None:
-      return node
-    structure = jax.tree_util.tree_structure(node, is_leaf=_is_masked)
-    masked = tuple(_is_masked(x) for x in jax.tree_util.tree_leaves(node, is_leaf=_is_masked))
-    layout = SlotLayout(structure, t.keys, masked, t.shapes)
-    return KeyedSlots.from_inner(node, layout)
 
-  return jax.tree.map(convert, inner, is_leaf=lambda n: match(n) is not None)
+Path = tuple[str, ...]
 
 
-def _from_keyed(state: Any) -> Any:
-  return jax.tree.map(lambda s: s.to_inner() if _is_keyed(s) else s, state, is_leaf=_is_keyed)
+def components(path: Any) -> Path:
+  return tuple(keys_lib.entry_to_component(e) for e in path)
 
 
-def _rekey(new_inner: Any, old_state: Any) -> Any:
-  """Puts ``new_inner`` back into the keyed layout of ``old_state`` (same positions)."""
-  flat, treedef_ = jax.tree_util.tree_flatten(old_state, is_leaf=_is_keyed)
-  treedef: Any = treedef_
-  parts = treedef.flatten_up_to(new_inner)
-  return treedef.unflatten(
-    [KeyedSlots.from_inner(p, o.layout) if _is_keyed(o) else p for o, p in zip(flat, parts)]
+def mirrors(state: Any, index: ParamIndex) -> list[tuple[Path, Any, tuple[str | None, ...]]]:
+  """``(prefix, subtree, keys)`` of every subtree of ``state`` that mirrors the parameters."""
+  found: list[tuple[Path, Any, tuple[str | None, ...]]] = []
+
+  def is_mirror(node: Any) -> bool:
+    return index.mirror_keys(node) is not None
+
+  for path, node in jax.tree_util.tree_flatten_with_path(state, is_leaf=is_mirror)[0]:
+    keys = index.mirror_keys(node)
+    if keys is not None:
+      found.append((components(path), node, keys))
+  return found
+
+
+# --- the update-time check -----------------------------------------------------------------------
+
+
+def _slot_table(state: Any, prefixes: list[Path]) -> tuple[dict[tuple[Path, str], Any], dict]:
+  """``{(mirror prefix, parameter key): shape}`` and ``{path: shape}`` for the other leaves.
+
+  A leaf under a mirror prefix belongs to the parameter named by the rest of its path (or, in
+  states written by paramreg_jax < 0.2, by the canonical key stored as its last component).
+  """
+  slots: dict[tuple[Path, str], Any] = {}
+  plain: dict[Path, Any] = {}
+  longest_first = sorted(prefixes, key=len, reverse=True)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_masked)[0]:
+    if _is_masked(leaf):
+      continue
+    comps = components(path)
+    key = slot_key(comps, longest_first)
+    if key is None:
+      plain[comps] = tuple(np.shape(leaf))
+    else:
+      slots[key] = tuple(np.shape(leaf))
+  return slots, plain
+
+
+def slot_key(comps: Path, prefixes: list[Path]) -> tuple[Path, str] | None:
+  """``(prefix, parameter key)`` of a state leaf at ``comps``, if it lies under a mirror."""
+  for prefix in prefixes:
+    n = len(prefix)
+    if len(comps) > n and comps[:n] == prefix:
+      rest = comps[n:]
+      if len(rest) == 1 and keys_lib.is_canonical_key(rest[0]):
+        return prefix, rest[0]  # a KeyedSlots entry of an older paramreg_jax
+      name = "/".join(keys_lib.escape_component(c) for c in rest)
+      return prefix, keys_lib.NAMED_KEY_PREFIX + name
+    if len(comps) == n and comps == prefix:
+      return prefix, keys_lib.INDEXED_KEY_PREFIX + "0"  # mirrors a bare-array parameter
+  return None
+
+
+def _mismatch(
+  state: Any, expected: Any, index: ParamIndex, per_example_ok: bool
+) -> errors.StateMismatchError | None:
+  """The error for a state that is not what ``tx.init`` builds for these parameters."""
+  prefixes = [prefix for prefix, _, _ in mirrors(expected, index)]
+  want, want_plain = _slot_table(expected, prefixes)
+  have, have_plain = _slot_table(state, prefixes)
+  want_keys = {k for _, k in want}
+  have_keys = {k for _, k in have}
+  missing = sorted(want_keys - have_keys)
+  unexpected = sorted(have_keys - want_keys)
+  changed = sorted(
+    f"{key}: state {'/'.join(prefix) or '<root>'} was built for {have[prefix, key]}, the "
+    f"parameter is {shape}"
+    for (prefix, key), shape in want.items()
+    if (prefix, key) in have and have[prefix, key] != shape
+  )
+  other = [
+    f"{'/'.join(p)}: {have_plain[p]} where the optimizer builds {shape}"
+    if p in have_plain
+    else f"{'/'.join(p)}: missing, the optimizer builds it"
+    for p, shape in sorted(want_plain.items())
+    if have_plain.get(p) != shape
+  ] + [
+    f"{'/'.join(p)}: not built by the optimizer" for p in sorted(set(have_plain) - set(want_plain))
+  ]
+  if not (missing or unexpected or changed or other):
+    structure: Any = jax.tree.structure(state, is_leaf=_is_masked)
+    if structure == jax.tree.structure(expected, is_leaf=_is_masked):
+      return None  # same entries and shapes; only leaf types differ (e.g. Python numbers)
+    return errors.StateMismatchError(
+      "the optimizer state holds the right entries and shapes but not the optimizer's own "
+      "structure (restored without a target?): run `state, report = paramreg_jax.reconcile(tx, "
+      "state, params)` once, or restore with a target"
+    )
+  if per_example_ok and not (missing or unexpected or other) and _per_example(have, want):
+    return None
+  return errors.StateMismatchError(
+    "the optimizer state does not match the parameters it is updating: "
+    f"{len(missing)} parameter(s) without state, {len(unexpected)} state key(s) without a "
+    f"parameter, {len({line.split(':')[0] + ':' + line.split(':')[1] for line in changed})} "
+    "reshaped parameter(s)"
+    + (f", {len(other)} other difference(s) (the optimizer changed?)" if other else "")
+    + ". After changing the model, run `state, report = paramreg_jax.reconcile(tx, state, "
+    "params)` once before updating:"
+    + errors.bullet_list(
+      [f"missing state: {k}" for k in missing]
+      + [f"unexpected state: {k}" for k in unexpected]
+      + changed
+      + other
+    )
   )
 
 
-def layouts(state: Any) -> list[SlotLayout]:
-  """The layouts of every ``KeyedSlots`` in ``state``, in flatten order."""
-  return [s.layout for s in jax.tree_util.tree_leaves(state, is_leaf=_is_keyed) if _is_keyed(s)]
+def _per_example(have: dict[Any, Any], want: dict[Any, Any]) -> bool:
+  """Updates are per-example gradients (``contrib.dpsgd``): every parameter-shaped update has
+  one extra leading axis, of one common size, over the state built for the parameters."""
+  if not want or set(have) != set(want):
+    return False
+  sizes = set()
+  for slot, per_example in want.items():
+    built_for = have[slot]
+    if len(per_example) != len(built_for) + 1 or per_example[1:] != built_for:
+      return False
+    sizes.add(per_example[0])
+  return len(sizes) == 1
 
 
-def _check_updates(state: Any, updates: Any, by: registry_lib.By) -> None:
-  """Trace-time check that ``updates`` are the parameters the state was built for."""
-  found = layouts(state)
-  if not found:
-    return
-  leaves, treedef = jax.tree_util.tree_flatten(updates)
-  keys, _ = registry_lib.tree_keys(updates, treedef, by=by)
-  shapes = dict(zip(keys, (tuple(getattr(x, "shape", ())) for x in leaves)))
-  for layout in found:
-    expected = dict(zip(layout.leaf_keys, layout.param_shapes))
-    if expected == shapes:
-      continue
-    missing = sorted(set(shapes) - set(expected))
-    unexpected = sorted(set(expected) - set(shapes))
-    changed = sorted(
-      f"{k}: state was built for {expected[k]}, the update is {shapes[k]}"
-      for k in set(expected) & set(shapes)
-      if expected[k] != shapes[k]
-    )
-    raise errors.StateMismatchError(
-      "the keyed optimizer state does not match the parameters it is updating: "
-      f"{len(missing)} parameter(s) without state, {len(unexpected)} state key(s) without a "
-      f"parameter, {len(changed)} shape change(s). After changing the model, run "
-      "`state, report = paramreg_jax.reconcile(tx, state, params)` once before updating:"
-      + errors.bullet_list(
-        [f"missing state: {k}" for k in missing]
-        + [f"unexpected state: {k}" for k in unexpected]
-        + changed
-      )
-    )
+# --- keyed ---------------------------------------------------------------------------------------
 
 
-def keyed(
-  tx: optax.GradientTransformation, *, by: registry_lib.By = "name"
-) -> optax.GradientTransformationExtraArgs:
-  """Wraps an optax transformation so its per-parameter state is keyed by canonical key.
+def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> Any:
+  """Wraps an optax transformation so its state is checked and read by parameter key.
 
   Args:
-    tx: any ``optax.GradientTransformation`` (or ``GradientTransformationExtraArgs``),
-      including ``chain``, ``partition``, ``masked``, ``MultiSteps``, ``inject_hyperparams``
-      and ``lookahead`` compositions.
+    tx: any ``optax.GradientTransformation`` (or ``GradientTransformationExtraArgs``).
     by: ``"name"`` (keys from tree paths, order-independent) or ``"position"``.
 
   Returns:
-    A transformation whose ``update(updates, state, params=None, **extra)`` gives
-    bit-identical updates to ``tx``; its state stores every params-mirroring subtree as a
-    :class:`KeyedSlots` mapping (``state[0].mu["n:dense/kernel"]``).
+    A transformation of ``tx``'s own kind. ``init`` is ``tx.init`` (the same state pytree);
+    ``update`` checks the state against the parameters at trace time, then calls
+    ``tx.update`` (bit-identical updates; extra keyword arguments reach ``tx`` as they would
+    without the wrapper).
 
   Raises:
-    StateMismatchError: (at update) the state's keys or parameter shapes differ from the
-      updates'; run :func:`reconcile` after changing the model.
+    StateMismatchError: (at update) the state is not what ``tx.init`` builds for these
+      parameters: missing, unexpected or reshaped parameter keys, all named. Run
+      :func:`reconcile` after changing the model.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax
-    >>> from paramreg_jax import keyed
+    >>> from paramreg_jax import keyed, state_keys
     >>> params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.zeros(2)}}
     >>> tx = keyed(optax.adam(1e-2))
     >>> state = tx.init(params)
-    >>> sorted(state[0].mu)
+    >>> jax.tree.structure(state) == jax.tree.structure(optax.adam(1e-2).init(params))
+    True
+    >>> sorted(state_keys(state, params))
     ['n:dense/bias', 'n:dense/kernel']
     >>> grads = jax.tree.map(jnp.ones_like, params)
     >>> updates, state = tx.update(grads, state, params)
-    >>> plain, _ = optax.adam(1e-2).update(grads, optax.adam(1e-2).init(params), params)
-    >>> bool(jnp.all(updates["dense"]["kernel"] == plain["dense"]["kernel"]))
-    True
+    >>> tx.update(grads, state, {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)}})
+    Traceback (most recent call last):
+    ...
+    paramreg_jax._src.errors.StateMismatchError: the optimizer state does not match the parameters it is updating: 0 parameter(s) without state, 0 state key(s) without a parameter, 1 reshaped parameter(s). After changing the model, run `state, report = paramreg_jax.reconcile(tx, state, params)` once before updating:
+      - n:dense/kernel: state 0/mu was built for (2, 2), the parameter is (3, 2)
+      - n:dense/kernel: state 0/nu was built for (2, 2), the parameter is (3, 2)
   """
   if by not in ("name", "position"):
     raise ValueError(f"by must be 'name' or 'position', got {by!r}")
-  inner = optax.with_extra_args_support(tx)
+  if not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(
+      f"keyed takes an optax GradientTransformation (e.g. optax.adam(1e-3)), got "
+      f"{type(tx).__name__}"
+    )
+  # (params signature) -> abstract state that tx.init builds for it; bounded, per wrapper
+  built: dict[Any, tuple[Any, Any]] = {}
+
+  def remember(signature: Any, state: Any) -> None:
+    if len(built) >= _CACHE_SIZE:
+      built.pop(next(iter(built)))
+    built[signature] = (jax.tree.structure(state, is_leaf=_is_masked), _signature(state)[1])
+
+  def expected_for(reference: Any) -> tuple[Any, Any, Any]:
+    signature = _signature(reference)
+    abstract = jax.eval_shape(tx.init, _abstract(reference))
+    remember(signature, abstract)
+    return abstract, *built[signature]
+
+  def check(state: Any, updates: Any, params: Any) -> None:
+    reference = updates if params is None else params
+    signature = _signature(reference)
+    known = built.get(signature)
+    have = (jax.tree.structure(state, is_leaf=_is_masked), _signature(state)[1])
+    if known is not None and _same(have, known):
+      return
+    expected, *fresh = expected_for(reference)
+    if _same(have, (fresh[0], fresh[1])):
+      return
+    error = _mismatch(state, expected, ParamIndex.of(reference, by), per_example_ok=params is None)
+    if error is not None:
+      raise error
 
   def init_fn(params: Any) -> Any:
-    return _to_keyed(inner.init(params), _templates(params, by))
+    ParamIndex.of(params, by)  # names must be unique (KeyCollisionError names every clash)
+    state = tx.init(params)
+    remember(_signature(params), state)
+    return state
 
-  def update_fn(updates: Any, state: Any, params: Any = None, **extra: Any) -> tuple[Any, Any]:
-    _check_updates(state, updates, by)
-    new_updates, new_inner = inner.update(updates, _from_keyed(state), params, **extra)
-    return new_updates, _rekey(new_inner, state)
+  if isinstance(tx, optax.GradientTransformationExtraArgs):
 
+    def update_fn(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
+      check(state, updates, params)
+      return tx.update(updates, state, params, **extra)
+
+    wrapped: Any = optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  else:
+
+    def update_plain(updates: Any, state: Any, params: Any = None) -> Any:
+      check(state, updates, params)
+      return tx.update(updates, state, params)
+
+    wrapped = optax.GradientTransformation(init_fn, update_plain)
   setattr(init_fn, _KEYED_MARK, (tx, by))
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return wrapped
+
+
+def _same(have: tuple[Any, Any], want: tuple[Any, Any]) -> bool:
+  """Same structure and leaf shapes (dtypes may legitimately differ: ``mu_dtype``, casts)."""
+  return have[0] == want[0] and all(
+    tuple(a[0]) == tuple(b[0]) for a, b in zip(have[1], want[1], strict=True)
+  )
 
 
 def keyed_info(tx: Any) -> tuple[optax.GradientTransformation, registry_lib.By] | None:
@@ -300,25 +359,83 @@ def keyed_info(tx: Any) -> tuple[optax.GradientTransformation, registry_lib.By] 
   return getattr(getattr(tx, "init", None), _KEYED_MARK, None)
 
 
-def state_keys(state: Any) -> frozenset[str]:
-  """The parameter keys a keyed optimizer state holds state for.
+# --- reading a state by key ----------------------------------------------------------------------
 
-  Works on a live keyed state and on one restored from a checkpoint without a target (where
-  the ``KeyedSlots`` came back as plain dicts keyed by canonical keys).
+
+def state_keys(state: Any, params: Any = None, *, by: registry_lib.By = "name") -> frozenset[str]:
+  """The parameter keys a (keyed or plain) optax state holds state for.
+
+  Args:
+    state: an optimizer state (live, or restored by orbax without a target).
+    params: the parameters the state belongs to; needed because the state has the optimizer's
+      own structure (its keys come from the parameters' paths). Without it, only the keys
+      stored in a state written by paramreg_jax < 0.2 are found.
+    by: ``"name"`` or ``"position"`` keys.
+
+  Returns:
+    The keys of every parameter with at least one state leaf (masked ones have none).
 
   Examples:
     >>> import jax.numpy as jnp, optax
     >>> from paramreg_jax import keyed, state_keys
-    >>> state = keyed(optax.adam(1e-3)).init({"w": jnp.zeros(2), "b": jnp.zeros(1)})
-    >>> sorted(state_keys(state))
+    >>> params = {"w": jnp.zeros(2), "b": jnp.zeros(1)}
+    >>> state = keyed(optax.adam(1e-3)).init(params)
+    >>> sorted(state_keys(state, params))
     ['n:b', 'n:w']
   """
-  found: set[str] = set()
-  for layout in layouts(state):
-    found.update(layout.keys)
-  for path, _ in jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_keyed)[0]:
-    if path:
-      last = keys_lib.entry_to_component(path[-1])
-      if keys_lib.is_canonical_key(last):
-        found.add(last)
+  if params is not None:
+    return frozenset(
+      k for _, _, keys in mirrors(state, ParamIndex.of(params, by)) for k in keys if k is not None
+    )
+  found = {
+    keys_lib.entry_to_component(path[-1])
+    for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]
+    if path and keys_lib.is_canonical_key(keys_lib.entry_to_component(path[-1]))
+  }
+  if not found:
+    raise TypeError(
+      "state_keys(state) found no stored keys: an optimizer state has the optimizer's own "
+      "structure, so pass the parameters it belongs to: state_keys(state, params)"
+    )
   return frozenset(found)
+
+
+def param_state(
+  state: Any, params: Any, key: str, *, by: registry_lib.By = "name"
+) -> dict[str, Any]:
+  """Every state leaf of one parameter, by where it sits in the state.
+
+  Args:
+    state: an optimizer state built for ``params``.
+    params: the parameters.
+    key: the parameter's canonical key (``"n:dense/kernel"``).
+    by: ``"name"`` or ``"position"`` keys.
+
+  Returns:
+    ``{path of the mirror in the state: leaf}``, e.g. ``{"0/mu": ..., "0/nu": ...}`` for Adam;
+    empty for a parameter that has no state (masked out).
+
+  Raises:
+    KeyError: ``key`` is not a parameter key of ``params`` (the closest keys are suggested).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> from paramreg_jax import param_state
+    >>> params = {"dense": {"kernel": jnp.ones((2, 2))}}
+    >>> state = optax.adam(1e-3).init(params)
+    >>> sorted(param_state(state, params, "n:dense/kernel"))
+    ['0/mu', '0/nu']
+  """
+  index = ParamIndex.of(params, by)
+  if key not in index.keys:
+    raise KeyError(
+      f"{key}: not a parameter key of these params ({len(index.keys)} parameters)"
+      + errors.did_you_mean(key, index.keys)
+    )
+  out: dict[str, Any] = {}
+  for prefix, node, keys in mirrors(state, index):
+    leaves = jax.tree_util.tree_leaves(node, is_leaf=_is_masked)
+    for k, leaf in zip(keys, leaves):
+      if k == key:
+        out["/".join(prefix) or "<root>"] = leaf
+  return out

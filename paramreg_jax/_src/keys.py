@@ -5,8 +5,10 @@ by ``/``. Components are escaped JSON-Pointer style (RFC 6901), ``~`` → ``~0``
 ``~1``, plus one extension: the empty component is written ``~2`` so that every name component
 is non-empty and ``name_to_path`` inverts ``path_to_name`` exactly. Int keys and their decimal
 strings give the same component (orbax turns ``{0: x}`` into ``{'0': x}``). The trailing
-``value``/``raw_value`` of a flax NNX ``Variable`` is not part of the name, whether it is the
-live attribute or the ``'value'`` dict key orbax writes for a saved ``nnx.State``.
+``.value``/``.raw_value`` attribute of a flax NNX ``Variable`` (the slot the Variable node
+itself contributes) is not part of the name. A dict key ``'value'`` is a name like any other
+(``attn/value`` is the value projection); the ``{'value': x}`` levels orbax writes for a saved
+``nnx.State`` are folded by :func:`fold_saved_variables`, used by the readers of such trees.
 
 Canonical keys are ``n:<name>`` (named) and ``p:<index>`` (positional, the flatten order).
 """
@@ -117,13 +119,45 @@ def _escaped(entry: Any) -> str:
   return k
 
 
-def _is_value_entry(entry: Any) -> bool:
-  """A trailing NNX ``.value``: an attribute on a live ``Variable``, or the ``'value'`` dict key
-  orbax writes when it saves an ``nnx.State`` (so both name the same parameter)."""
-  t = type(entry)
-  if t is _GetAttrKey:
-    return entry.name in _NNX_VALUE_ATTRS
-  return t is _DictKey and entry.key in _NNX_VALUE_ATTRS
+def is_variable_slot(entry: Any) -> bool:
+  """A trailing NNX ``.value`` attribute (the slot of a live ``Variable``); dict keys never."""
+  return type(entry) is _GetAttrKey and entry.name in _NNX_VALUE_ATTRS
+
+
+def fold_saved_variables(paths: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+  """``paths`` with the ``{'value': x}`` levels of saved flax ``Variable`` objects removed.
+
+  Orbax restores an ``nnx.State`` (or ``nnx.state(optimizer)``) without a target as nested
+  dicts in which every variable is a dict holding exactly one key, ``'value'``. A trailing
+  ``DictKey('value')`` is dropped only when it is its parent's only child, so a user's
+  ``{'query', 'key', 'value'}`` dict keeps its names. Readers of saved trees (the orbax source,
+  ``reconcile``) call this; the grammar itself never folds dict keys.
+
+  Examples:
+    >>> import jax
+    >>> from paramreg_jax._src.keys import fold_saved_variables, path_to_name
+    >>> saved = {"dense": {"kernel": {"value": 1.0}}, "attn": {"key": 2.0, "value": 3.0}}
+    >>> paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(saved)[0]]
+    >>> [path_to_name(p) for p in fold_saved_variables(paths)]
+    ['attn/key', 'attn/value', 'dense/kernel']
+  """
+  children: dict[tuple[Any, ...], int] = {}
+  for path in paths:
+    if path:
+      parent = tuple(entry_to_component(e) for e in path[:-1])
+      children[parent] = children.get(parent, 0) + 1
+  out = []
+  for path in paths:
+    path = tuple(path)
+    if (
+      len(path) > 1
+      and type(path[-1]) is _DictKey
+      and path[-1].key == "value"
+      and children[tuple(entry_to_component(e) for e in path[:-1])] == 1
+    ):
+      path = path[:-1]
+    out.append(path)
+  return out
 
 
 def path_to_name(path: Sequence[Any]) -> str:
@@ -146,7 +180,7 @@ def path_to_name(path: Sequence[Any]) -> str:
     >>> [path_to_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
     ['a~1b', 'encoder/0/kernel']
   """
-  if len(path) > 1 and _is_value_entry(path[-1]):
+  if len(path) > 1 and is_variable_slot(path[-1]):
     path = path[:-1]
   if not path:
     raise errors.MalformedKeyError(
@@ -167,7 +201,7 @@ def paths_to_names(paths: Sequence[Sequence[Any]]) -> list[str]:
   append = out.append
   for path in paths:
     n = len(path)
-    if n > 1 and _is_value_entry(path[-1]):
+    if n > 1 and is_variable_slot(path[-1]):
       path = path[:-1]
       n -= 1
     if n <= 1:
@@ -195,14 +229,14 @@ def fast_tree_names(tree: Any, leaves: Sequence[Any]) -> list[str] | None:
   """
   names: list[str] = []
   walked: list[Any] = []
-  if not _walk(tree, "", None, names, walked):
+  if not _walk(tree, "", names, walked):
     return None
   if len(walked) != len(leaves) or any(a is not b for a, b in zip(walked, leaves)):
     return None
   return names
 
 
-def _walk(node: Any, prefix: str, last: Any, names: list[str], walked: list[Any]) -> bool:
+def _walk(node: Any, prefix: str, names: list[str], walked: list[Any]) -> bool:
   t = type(node)
   if t is dict:
     try:
@@ -216,14 +250,12 @@ def _walk(node: Any, prefix: str, last: Any, names: list[str], walked: list[Any]
         comp = str(k)
       else:
         return False
-      if not _walk(node[k], prefix + comp + "/", k, names, walked):
+      if not _walk(node[k], prefix + comp + "/", names, walked):
         return False
     return True
   if t is list or t is tuple:
     for i, child in enumerate(node):
-      if not _walk(
-        child, prefix + (_SMALL_INTS[i] if i < 4096 else str(i)) + "/", i, names, walked
-      ):
+      if not _walk(child, prefix + (_SMALL_INTS[i] if i < 4096 else str(i)) + "/", names, walked):
         return False
     return True
   if node is None:
@@ -231,10 +263,7 @@ def _walk(node: Any, prefix: str, last: Any, names: list[str], walked: list[Any]
   if isinstance(node, _FAST_LEAVES) and not isinstance(node, bool):
     if not prefix:
       return False  # a bare root leaf: let path_to_name raise its error
-    if last in _NNX_VALUE_ATTRS and prefix.count("/") > 1:
-      names.append(prefix[: prefix.rindex("/", 0, len(prefix) - 1)])  # drop a trailing 'value'
-    else:
-      names.append(prefix[:-1])
+    names.append(prefix[:-1])  # dicts, lists, tuples: every key is part of the name
     walked.append(node)
     return True
   return False

@@ -19,12 +19,12 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
-from paramreg_jax._src import registry as registry_lib
 
 Path = tuple[str, ...]
 
@@ -97,10 +97,6 @@ class SurgeryReport:
     )
 
 
-def _components(path: Any) -> Path:
-  return tuple(keys_lib.entry_to_component(e) for e in path)
-
-
 def _spec(x: Any) -> tuple[tuple[int, ...], Any]:
   return tuple(np.shape(x)), np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
 
@@ -114,6 +110,30 @@ def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
     raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
+def _flat(tree: Any) -> list[tuple[Path, Any]]:
+  """``(path components, leaf)`` of a state, whatever form it comes in.
+
+  A flax ``Variable``'s own ``.value`` slot and the ``{'value': x}`` dicts orbax writes for a
+  saved ``nnx.State`` are not part of the path, so live, restored and pure NNX states agree.
+  """
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  paths = keys_lib.fold_saved_variables([p for p, _ in flat])
+  out = []
+  for path, (_, leaf) in zip(paths, flat):
+    if len(path) > 1 and keys_lib.is_variable_slot(path[-1]):
+      path = path[:-1]
+    out.append((keyed_lib.components(path), leaf))
+  return out
+
+
+def _optimizer_state(state: Any) -> Any:
+  """``nnx.state(optimizer)`` (live or restored without a target) holds the optax state under
+  ``opt_state``; anything else is taken to be the optax state itself."""
+  if isinstance(state, Mapping) and "opt_state" in state:
+    return state["opt_state"]
+  return state
+
+
 def reconcile(
   tx: Any,
   state: Any,
@@ -124,12 +144,15 @@ def reconcile(
   on_shape_mismatch: Literal["error", "init"] = "error",
   rename: Mapping[str, str] | Callable[[str], str] | None = None,
 ) -> tuple[Any, SurgeryReport]:
-  """Fits a keyed optimizer state, possibly from an older model, to ``params``.
+  """Fits an optimizer state, possibly from an older model, to ``params``, by parameter key.
 
   Args:
-    tx: the transformation returned by :func:`keyed`.
-    state: a keyed state: live, restored by orbax with a target, or restored without a target
-      (plain nested dicts keyed by canonical keys).
+    tx: the transformation that built the state: plain optax or :func:`keyed` (whose ``by``
+      is used).
+    state: the old state, in any form: live; restored by orbax with or without a target
+      (plain nested dicts and lists); ``nnx.state(optimizer)`` (its ``opt_state`` is used,
+      ``{'value': x}`` levels are understood); or a state written by paramreg_jax < 0.2
+      (moments stored as ``{canonical key: leaf}``).
     params: the new parameter tree.
     on_missing: ``"init"`` gives new parameters fresh state; ``"error"`` refuses.
     on_unexpected: ``"drop"`` discards state of vanished keys; ``"error"`` refuses.
@@ -143,7 +166,7 @@ def reconcile(
     :class:`SurgeryReport`. ``tx.init`` only runs if some key needs fresh state.
 
   Raises:
-    TypeError: ``tx`` is not a keyed transformation.
+    TypeError: ``tx`` is not an optax transformation.
     ReconcileError: any refused category (all offenders listed at once), or non-parameter
       state (counts, hyperparameters) missing or changed, i.e. the optimizer itself changed.
 
@@ -156,52 +179,49 @@ def reconcile(
     >>> report.kept, report.added, report.dropped
     (('n:a',), ('n:new',), ('n:gone',))
   """
-  if keyed_lib.keyed_info(tx) is None:
+  inner, by = keyed_lib.keyed_info(tx) or (tx, "name")
+  if not isinstance(inner, optax.GradientTransformation):
     raise TypeError(
-      "reconcile needs the keyed transformation: pass paramreg_jax.keyed(tx), the same one "
-      "that built the state"
+      "reconcile needs the optax transformation that built the state (plain or "
+      f"paramreg_jax.keyed), got {type(tx).__name__}"
     )
   _check_option("on_missing", on_missing, ("init", "error"))
   _check_option("on_unexpected", on_unexpected, ("drop", "error"))
   _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init"))
 
-  abstract = jax.eval_shape(tx.init, params)
-  old, renamed = _renamed_old_state(state, rename)
+  abstract = jax.eval_shape(inner.init, params)
+  index = keyed_lib.ParamIndex.of(params, by)
+  prefixes = sorted(
+    (prefix for prefix, _, _ in keyed_lib.mirrors(abstract, index)), key=len, reverse=True
+  )
+  fresh_flat = _flat(abstract)
+  fresh_slots = {comps: keyed_lib.slot_key(comps, prefixes) for comps, _ in fresh_flat}
+  old_slots, old_plain, renamed = _old_state(_optimizer_state(state), prefixes, rename)
 
-  # Where fresh state lives: slot leaves (prefix, key) and plain leaves (path).
-  slot_paths: dict[Path, tuple[Path, str]] = {}
-  for prefix, node in jax.tree_util.tree_flatten_with_path(abstract, is_leaf=keyed_lib._is_keyed)[
-    0
-  ]:
-    if keyed_lib._is_keyed(node):
-      p = _components(prefix)
-      for key in node:
-        slot_paths[(*p, key)] = (p, key)
-  fresh_flat, fresh_treedef = jax.tree_util.tree_flatten_with_path(abstract)
-
-  old_keys = {path[-1] for path in old if len(path) > 1 and keys_lib.is_canonical_key(path[-1])}
-  fresh_keys = {key for _, key in slot_paths.values()}
-
+  old_keys = {key for _, key in old_slots}
+  fresh_keys = {slot[1] for slot in fresh_slots.values() if slot is not None}
   problems: list[str] = []
   mismatched: dict[str, list[str]] = {}
   needs_init: set[Path] = set()
   moved: set[str] = set()
-  for path, sds in fresh_flat:
-    comps = _components(path)
+  for comps, sds in fresh_flat:
     want = (tuple(sds.shape), np.dtype(sds.dtype))
-    have = old.get(comps)
-    if comps in slot_paths:
-      prefix, key = slot_paths[comps]
+    slot = fresh_slots[comps]
+    if slot is not None:
+      prefix, key = slot
+      have = old_slots.get(slot)
       if have is None:
         needs_init.add(comps)
         if key in old_keys:
           moved.add(key)
       elif _spec(have) != want:
-        where = "/".join(prefix) or "<root>"
         mismatched.setdefault(key, []).append(
-          f"{key}: state {where} has {_fmt(_spec(have))}, the new parameters need {_fmt(want)}"
+          f"{key}: state {'/'.join(prefix) or '<root>'} has {_fmt(_spec(have))}, the new "
+          f"parameters need {_fmt(want)}"
         )
-    elif have is None:
+      continue
+    have = old_plain.get(comps)
+    if have is None:
       problems.append(f"{'/'.join(comps)}: missing from the old state (the optimizer changed?)")
     elif _spec(have) != want:
       problems.append(
@@ -212,6 +232,13 @@ def reconcile(
   dropped = sorted(old_keys - fresh_keys)
   if problems:
     problems.insert(0, "non-parameter state (counts, hyperparameters) does not match:")
+    if not old_keys & fresh_keys and old_plain.keys().isdisjoint(c for c, _ in fresh_flat):
+      seen = sorted("/".join(c) for c in old_plain)[:3]
+      problems.append(
+        f"no entry of the old state is where the optimizer keeps one (it has {', '.join(seen)}, "
+        f"...; the optimizer builds {', '.join('/'.join(c) for c, _ in fresh_flat[:3])}, ...): "
+        "pass the optax state itself, built by this optimizer"
+      )
   if on_missing == "error" and added:
     problems.append(
       f"{len(added)} new parameter(s) have no state (on_missing='error'): {', '.join(added)}"
@@ -233,31 +260,25 @@ def reconcile(
     )
 
   reinit_keys = set(mismatched) | moved
-  for comps, (_, key) in slot_paths.items():
-    if key in mismatched:
-      needs_init.add(comps)
-  fresh_values = None
-  if needs_init:
-    fresh_values = {
-      _components(p): x for p, x in jax.tree_util.tree_flatten_with_path(tx.init(params))[0]
-    }
-  placement = _param_shardings(params, keyed_lib.keyed_info(tx)[1])  # type: ignore[index]
+  needs_init |= {c for c, slot in fresh_slots.items() if slot is not None and slot[1] in mismatched}
+  fresh_values = dict(_flat(inner.init(params))) if needs_init else {}
+  placement = _param_shardings(params, index)
   leaves = []
-  for path, _ in fresh_flat:
-    comps = _components(path)
+  for comps, _ in fresh_flat:
     if comps in needs_init:
-      assert fresh_values is not None
       leaves.append(fresh_values[comps])
       continue
-    kept = old[comps]
+    slot = fresh_slots[comps]
+    kept = old_slots[slot] if slot is not None else old_plain[comps]
     kept = kept if isinstance(kept, jax.Array) else jnp.asarray(kept)
     # State that mirrors a parameter follows it to its (possibly new) mesh, bit-exact.
-    param = placement.get(slot_paths[comps][1]) if comps in slot_paths else None
+    param = placement.get(slot[1]) if slot is not None else None
     if param is not None and param[0] == kept.shape:
       if not kept.sharding.is_equivalent_to(param[1], kept.ndim):
         kept = devices_lib.settle(jax.device_put(kept, param[1]))  # one reshard in flight
     leaves.append(kept)
-  new_state = jax.tree_util.tree_unflatten(fresh_treedef, leaves)
+  structure: Any = jax.tree_util.tree_structure(abstract)  # (PyTreeDef is untyped in the stubs)
+  new_state = structure.unflatten(leaves)
   report = SurgeryReport(
     kept=tuple(sorted(fresh_keys & old_keys - reinit_keys)),
     added=tuple(added),
@@ -268,49 +289,112 @@ def reconcile(
   return new_state, report
 
 
-def _param_shardings(params: Any, by: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tuple[Any, Any]]:
   """``{key: (shape, sharding)}`` of the parameters that are placed ``jax.Array``s."""
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  keys, _ = registry_lib.tree_keys(params, treedef, by=by)
   return {
     k: (tuple(x.shape), x.sharding)
-    for k, x in zip(keys, leaves)
+    for k, x in zip(index.keys, jax.tree_util.tree_leaves(params))
     if isinstance(x, jax.Array) and isinstance(getattr(x, "sharding", None), jax.sharding.Sharding)
   }
 
 
-def _renamed_old_state(
-  state: Any, rename: Mapping[str, str] | Callable[[str], str] | None
-) -> tuple[dict[Path, Any], tuple[tuple[str, str], ...]]:
-  """``{path components: leaf}`` of the old state, with slot keys renamed."""
-  flat = [(_components(p), x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]]
+def _old_state(
+  state: Any, prefixes: list[Path], rename: Mapping[str, str] | Callable[[str], str] | None
+) -> tuple[dict[tuple[Path, str], Any], dict[Path, Any], tuple[tuple[str, str], ...]]:
+  """``{(mirror prefix, key): leaf}`` (keys renamed) and ``{path: leaf}`` of the other leaves."""
   if rename is None:
-    return dict(flat), ()
-  if isinstance(rename, Mapping):
+    fn: Callable[[str], str] = lambda k: k  # noqa: E731
+  elif isinstance(rename, Mapping):
     mapping = dict(rename)
     for old_key, new_key in mapping.items():
       keys_lib.parse_key(old_key)
       keys_lib.parse_key(new_key)
-    fn: Callable[[str], str] = lambda k: mapping.get(k, k)  # noqa: E731
+    fn = lambda k: mapping.get(k, k)  # noqa: E731
   elif callable(rename):
     fn = rename
   else:
     raise TypeError(f"rename must be a mapping or a callable, got {type(rename).__name__}")
-  out: dict[Path, Any] = {}
+  slots: dict[tuple[Path, str], Any] = {}
+  plain: dict[Path, Any] = {}
   pairs: dict[str, str] = {}
-  for comps, leaf in flat:
-    if len(comps) > 1 and keys_lib.is_canonical_key(comps[-1]):
-      old_key = comps[-1]
-      if old_key not in pairs:
-        pairs[old_key] = fn(old_key)
-        keys_lib.parse_key(pairs[old_key])
-      new_key = pairs[old_key]
-      comps = (*comps[:-1], new_key)
-    if comps in out:
-      sources = sorted(k for k, v in pairs.items() if v == comps[-1])
+  for comps, leaf in _flat(state):
+    slot = keyed_lib.slot_key(comps, prefixes)
+    if slot is None:
+      plain[comps] = leaf
+      continue
+    prefix, old_key = slot
+    if old_key not in pairs:
+      pairs[old_key] = fn(old_key)
+      keys_lib.parse_key(pairs[old_key])
+    new_slot = (prefix, pairs[old_key])
+    if new_slot in slots:
+      sources = sorted(k for k, v in pairs.items() if v == new_slot[1])
       raise errors.ReconcileError(
-        f"rename maps several old keys to {comps[-1]} ({', '.join(sources)}); each new key may "
+        f"rename maps several old keys to {new_slot[1]} ({', '.join(sources)}); each new key may "
         "receive the state of one old key only. Fix the rename mapping"
       )
-    out[comps] = leaf
-  return out, tuple(sorted((a, b) for a, b in pairs.items() if a != b))
+    slots[new_slot] = leaf
+  return slots, plain, tuple(sorted((a, b) for a, b in pairs.items() if a != b))
+
+
+def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: Any) -> SurgeryReport:
+  """Loads a restored ``nnx.state(optimizer)`` of an older model into ``optimizer``, by key.
+
+  The one-liner for flax NNX after model surgery: build the new model and its
+  ``nnx.Optimizer`` as usual, restore the old optimizer state with orbax (no target needed),
+  then ``report = prj.reconcile_optimizer(optimizer, model, restored)``. The optimizer's state
+  (and its step) are replaced in place, keeping the new optimizer's variable metadata
+  (shardings); nothing changes if reconciling fails.
+
+  Args:
+    optimizer: the new ``nnx.Optimizer`` (built for ``model``).
+    model: the new model.
+    restored: ``nnx.state(old_optimizer)`` (live or restored without a target), or just its
+      optax state.
+    **options: ``on_missing``, ``on_unexpected``, ``on_shape_mismatch``, ``rename`` (see
+      :func:`reconcile`).
+
+  Returns:
+    The :class:`SurgeryReport`.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax
+    >>> from flax import nnx
+    >>> import paramreg_jax as prj
+    >>> old_model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    >>> old = nnx.Optimizer(old_model, prj.keyed(optax.adam(1e-3)), wrt=nnx.Param)
+    >>> class Bigger(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.kernel = old_model.kernel
+    ...     self.bias = old_model.bias
+    ...     self.extra = nnx.Param(jnp.zeros(4))
+    >>> model = Bigger(nnx.Rngs(1))
+    >>> optimizer = nnx.Optimizer(model, prj.keyed(optax.adam(1e-3)), wrt=nnx.Param)
+    >>> print(prj.reconcile_optimizer(optimizer, model, nnx.state(old)))
+    SurgeryReport: 2 kept, 1 added, 0 dropped, 0 re-initialised
+      kept:          n:bias, n:kernel
+      added:         n:extra
+  """
+  from flax import nnx
+
+  pure = getattr(nnx, "as_pure", None) or nnx.pure
+  params = pure(nnx.state(model, optimizer.wrt))
+  new_state, report = reconcile(optimizer.tx, restored, params, **options)
+  slots = jax.tree.leaves(optimizer.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  values = jax.tree.leaves(new_state)
+  if len(slots) != len(values) or any(
+    np.shape(v.get_value()) != np.shape(x) for v, x in zip(slots, values)
+  ):
+    raise errors.ReconcileError(
+      "the optimizer's state does not have the structure its transformation builds for the "
+      "model's parameters; build the optimizer with nnx.Optimizer(model, tx, wrt=...) for this "
+      "model. Nothing was changed"
+    )
+  step = None
+  if isinstance(restored, Mapping) and "step" in restored:
+    step = dict(_flat({"step": restored["step"]})).get(("step",))
+  for variable, value in zip(slots, values):
+    variable.set_value(value)
+  if step is not None:
+    optimizer.step.set_value(jnp.asarray(step, optimizer.step.get_value().dtype))
+  return report

@@ -167,7 +167,8 @@ class OrbaxSource(source_lib.BaseSource):
       tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
     )
     flat = [(p, x) for p, x in flat if hasattr(x, "shape") and hasattr(x, "dtype")]
-    names = tuple(keys_lib.paths_to_names([p for p, _ in flat]))
+    # an nnx.State was saved as {'value': x} dicts: name its arrays as the live State's
+    names = tuple(keys_lib.paths_to_names(keys_lib.fold_saved_variables([p for p, _ in flat])))
     if len(set(names)) != len(names):
       registry_lib.raise_collisions(names, [p for p, _ in flat])
     self._entries: dict[str, tuple[source_lib.TensorMetadata, str, tuple[int, ...] | None]] = {}
