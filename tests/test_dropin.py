@@ -326,6 +326,14 @@ def test_dpsgd_with_per_example_gradients(with_params):
     updates, state = tx.update(per_example, state, params if with_params else None)
     results.append((updates, state))
   chex.assert_trees_all_equal(results[0], results[1])
+  state = results[1][1]  # its PRNG key leaf has an extended dtype
+  again, report = prj.reconcile(
+    prj.keyed(optax.contrib.dpsgd(1e-2, 1.0, 0.0, seed=0, momentum=0.9)), state, params
+  )
+  assert report.kept == ("n:w",) and not report.changed
+  chex.assert_trees_all_equal(
+    jax.random.key_data(again[0].rng_key), jax.random.key_data(state[0].rng_key)
+  )
 
 
 def test_lbfgs_with_value_and_grad_from_state():

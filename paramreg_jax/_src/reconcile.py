@@ -98,11 +98,11 @@ class SurgeryReport:
 
 
 def _spec(x: Any) -> tuple[tuple[int, ...], Any]:
-  return tuple(np.shape(x)), np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+  return tuple(np.shape(x)), keyed_lib._dtype(x)  # numpy's or jax's extended (PRNG key) dtype
 
 
 def _fmt(spec: tuple[tuple[int, ...], Any]) -> str:
-  return f"{spec[0]} {np.dtype(spec[1]).name}"
+  return f"{spec[0]} {getattr(spec[1], 'name', spec[1])}"
 
 
 def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -205,7 +205,7 @@ def reconcile(
   needs_init: set[Path] = set()
   moved: set[str] = set()
   for comps, sds in fresh_flat:
-    want = (tuple(sds.shape), np.dtype(sds.dtype))
+    want = (tuple(sds.shape), sds.dtype)
     slot = fresh_slots[comps]
     if slot is not None:
       prefix, key = slot
