@@ -156,8 +156,9 @@ def test_dtype_policy_cast_and_exclude():
 def test_non_divisible_sharding_is_a_plan_error():
   mesh = jax.make_mesh((8,), ("x",))
   src = MemorySource({"w": np.ones((6, 2), np.float32)})
-  with pytest.raises(prj.RestorePlanError, match="does not divide"):
+  with pytest.raises(prj.RestorePlanError, match="does not divide") as info:
     prj.plan_restore({"w": sds((6, 2), sharding=NamedSharding(mesh, P("x")))}, src)
+  assert len(info.value.problems) == 1  # 'w' is not also reported as an unused checkpoint key
 
 
 def test_plan_renders_and_serializes():

@@ -267,180 +267,223 @@ def plan_restore(
   if dtype_policy not in ("exact", "cast"):
     raise ValueError(f"dtype_policy must be 'exact' or 'cast', got {dtype_policy!r}")
   _, _, slots = target_lib.slots(target)
-  by_name = {s.name: s for s in slots}
-  excluded = _matcher(exclude)
   recipe_map, splits, set_aliases = _recipes(recipes)
   alias_map = {_strip(a): _strip(o) for a, o in {**set_aliases, **(aliases or {})}.items()}
-  backend = backend_lib.JaxBackend()
-  problems: list[str] = []
-
-  # checkpoint key -> target name
-  source_keys = tuple(source.keys())
-  by_recipes = {k for r in recipe_map.values() for k in ops.source_keys(r)}
-  # A recipe's misspelt key is reported once, with "did you mean"; the key it most likely meant
-  # is not reported again as uncovered by the rename rules or as unused.
-  known = set(source_keys)
-  meant = {m for k in by_recipes - known for m in errors.closest_keys(k, source_keys, n=1)}
-  renamed: dict[str, str] = {}
-  dropped: list[str] = []
-  if rename is not None:
-    rules = rename if isinstance(rename, sets.Rename) else sets.rename(rename)
-    # keys that recipes read need no rename rule
-    loaded = [k for k in source_keys if not excluded(k) and k not in by_recipes | meant]
-    try:
-      renamed = rules.apply(loaded)
-    except errors.RecipeSetError as e:
-      problems.extend(ln.strip().removeprefix("- ") for ln in str(e).splitlines()[1:])
-      renamed = {t: k for k in loaded if (t := rules(k)) is not None}  # avoid cascades
-    dropped = [k for k in loaded if rules(k) is None]
-  else:
-    renamed = {k: k for k in source_keys}
-
-  for name in list(recipe_map) + list(alias_map):
-    if name not in by_name:
-      problems.append(f"n:{name}: has a recipe or alias, but the target has no such parameter")
-  for split in splits:
-    try:
-      split.check(source)
-    except errors.RecipeError as e:
-      problems.append(str(e))
-
-  entries: list[PlanEntry] = []
-  used: set[str] = set(meant)
-  excluded_keys = []
-  for slot in slots:
-    if excluded(slot.name):
-      excluded_keys.append(slot.key)
-      continue
-    where = slot.key
-    try:
-      slot.sharding.shard_shape(slot.shape)
-    except Exception as e:  # jax raises ValueError/TypeError for uneven shardings
-      problems.append(
-        f"{where}: sharding {target_lib.describe_sharding(slot.sharding)} does not divide {slot.shape} evenly ({e})"
-      )
-      continue
-    stored = np.dtype(jax.dtypes.canonicalize_dtype(slot.dtype))
-    if stored != slot.dtype:
-      problems.append(
-        f"{where}: the target is {slot.dtype.name}, but with jax_enable_x64 off JAX stores it as "
-        f"{stored.name}, so it could never bind; call jax.config.update('jax_enable_x64', True) "
-        f"first, or make the target {stored.name} (dtype_policy='cast' converts the checkpoint)"
-      )
-      recipe = recipe_map.get(slot.name)  # what it would read is accounted for, not "unused"
-      used.update(
-        ops.source_keys(recipe) if recipe else [renamed[slot.name]] if slot.name in renamed else []
-      )
-      continue
-    if slot.name in alias_map:
-      continue  # checked after owners
-    recipe = recipe_map.get(slot.name)
-    if recipe is None and slot.name in renamed:
-      key = renamed[slot.name]
-      meta = source.metadata(key)
-      used.add(key)
-      entry = PlanEntry(slot.key, "direct", slot.shape, slot.dtype, slot.sharding, source_key=key)
-      if meta.shape != slot.shape:
-        hint = (
-          "add a transpose recipe or fix the target"
-          if sorted(meta.shape) == sorted(slot.shape)
-          else "add a recipe (reshape, select, ...) or fix the target"
-        )
-        problems.append(
-          f"{where}: checkpoint {key!r} has shape {meta.shape}, target expects {slot.shape}; {hint}"
-        )
-        continue
-      if meta.dtype != slot.dtype:
-        if dtype_policy == "cast":
-          entry = PlanEntry(
-            slot.key,
-            "recipe",
-            slot.shape,
-            slot.dtype,
-            slot.sharding,
-            recipe=ops.cast(ops.source(key), slot.dtype),
-          )
-        else:
-          problems.append(
-            f"{where}: checkpoint {key!r} has dtype {meta.dtype.name}, target expects "
-            f"{slot.dtype.name}; pass dtype_policy='cast' or add a cast recipe"
-          )
-          continue
-      entries.append(entry)
-      continue
-    if recipe is None:
-      near = [k for k in source_keys if k.split("/")[-1] == slot.name.split("/")[-1]][:3]
-      hint = f" (checkpoint keys with the same leaf name: {', '.join(near)})" if near else ""
-      problems.append(
-        f"{where}: missing from the checkpoint{hint}; add a recipe, a rename rule, or exclude it"
-      )
-      continue
-    used.update(ops.source_keys(recipe))
-    try:
-      backend.preflight_recipe(recipe, source)
-      meta = ops.infer(recipe, source)
-    except errors.RecipeError as e:
-      problems.append(f"{where}: {e}")
-      continue
-    if meta.shape != slot.shape:
-      problems.append(
-        f"{where}: recipe {recipe} produces {meta.shape}, target expects {slot.shape}"
-      )
-      continue
-    if meta.dtype != slot.dtype:
-      if dtype_policy == "cast":
-        recipe = ops.cast(recipe, slot.dtype)
-      else:
-        problems.append(
-          f"{where}: recipe {recipe} produces {meta.dtype.name}, target expects {slot.dtype.name}; "
-          "pass dtype_policy='cast' or end the recipe with cast()"
-        )
-        continue
-    entries.append(
-      PlanEntry(slot.key, "recipe", slot.shape, slot.dtype, slot.sharding, recipe=recipe)
-    )
-
-  try:
-    resolved = sets.resolve_aliases(alias_map, set(by_name) - set(alias_map))
-  except errors.AliasError as e:
-    problems.append(str(e))
-    resolved = {}
-  planned = {e.key for e in entries}
-  for alias, owner in resolved.items():
-    if alias not in by_name or excluded(alias):
-      continue
-    a, o = by_name[alias], by_name[owner]
-    if o.key not in planned and not excluded(owner):
-      continue  # the owner's own problem is already reported
-    if excluded(owner):
-      problems.append(
-        f"{a.key}: aliases {o.key}, which is excluded; exclude the alias too or load the owner"
-      )
-      continue
-    if (a.shape, a.dtype) != (o.shape, o.dtype):
-      problems.append(
-        f"{a.key}: aliases {o.key}, but is {a.shape} {a.dtype.name} and the owner is {o.shape} {o.dtype.name}"
-      )
-      continue
-    if not a.sharding.is_equivalent_to(o.sharding, len(a.shape)):
-      problems.append(
-        f"{a.key}: aliases {o.key}, but its sharding {target_lib.describe_sharding(a.sharding)} differs "
-        f"from the owner's {target_lib.describe_sharding(o.sharding)}; a tied weight is one array"
-      )
-      continue
-    entries.append(PlanEntry(a.key, "alias", a.shape, a.dtype, a.sharding, owner=o.key))
-
-  ignored = sorted(set(dropped) | {k for k in source_keys if excluded(k) and k not in used})
-  unused = sorted(k for k in source_keys if k not in used and k not in ignored)
-  for k in unused:
-    problems.append(
-      f"checkpoint key {k!r} is not used by any parameter; rename it, exclude it, or map it with a recipe"
-    )
-  if problems:
+  p = _Planning(source, slots, _matcher(exclude), recipe_map, alias_map, dtype_policy)
+  renamed, dropped = _resolve_names(p, rename)
+  _check_declarations(p, splits)
+  excluded_keys = _plan_entries(p, renamed)
+  _plan_aliases(p)
+  ignored = _account_for_unused_keys(p, dropped)
+  if p.problems:
     raise errors.RestorePlanError(
-      errors.collected(f"plan the restore from {source!r}", problems, "nothing was read"),
-      tuple(problems),
+      errors.collected(f"plan the restore from {source!r}", p.problems, "nothing was read"),
+      tuple(p.problems),
     )
   return RestorePlan(
-    tuple(sorted(entries, key=lambda e: e.key)), source, tuple(excluded_keys), tuple(ignored)
+    tuple(sorted(p.entries, key=lambda e: e.key)), source, tuple(excluded_keys), tuple(ignored)
   )
+
+
+@dataclasses.dataclass
+class _Planning:
+  """What every phase of :func:`plan_restore` reads, and the entries and problems it adds."""
+
+  source: Any
+  slots: list[target_lib.Slot]
+  excluded: Callable[[str], bool]
+  recipes: dict[str, ops.Recipe]
+  aliases: dict[str, str]
+  dtype_policy: DtypePolicy
+  source_keys: tuple[str, ...] = ()
+  meant: set[str] = dataclasses.field(default_factory=set)
+  entries: list[PlanEntry] = dataclasses.field(default_factory=list)
+  problems: list[str] = dataclasses.field(default_factory=list)
+  used: set[str] = dataclasses.field(default_factory=set)
+
+  def __post_init__(self) -> None:
+    self.source_keys = tuple(self.source.keys())
+    self.by_name = {s.name: s for s in self.slots}
+    # A recipe's misspelt key is reported once, with "did you mean"; the key it most likely
+    # meant is not reported again as uncovered by the rename rules or as unused.
+    self.by_recipes = {k for r in self.recipes.values() for k in ops.source_keys(r)}
+    self.meant = {
+      m
+      for k in self.by_recipes - set(self.source_keys)
+      for m in errors.closest_keys(k, self.source_keys, n=1)
+    }
+    self.used = set(self.meant)
+
+
+def _resolve_names(p: _Planning, rename: Any) -> tuple[dict[str, str], list[str]]:
+  """Phase 1: checkpoint key -> target name (``renamed``), and keys renamed to ``None``."""
+  if rename is None:
+    return {k: k for k in p.source_keys}, []
+  rules = rename if isinstance(rename, sets.Rename) else sets.rename(rename)
+  # keys that recipes read need no rename rule
+  loaded = [k for k in p.source_keys if not p.excluded(k) and k not in p.by_recipes | p.meant]
+  try:
+    renamed = rules.apply(loaded)
+  except errors.RecipeSetError as e:
+    p.problems.extend(ln.strip().removeprefix("- ") for ln in str(e).splitlines()[1:])
+    renamed = {t: k for k in loaded if (t := rules(k)) is not None}  # avoid cascades
+  return renamed, [k for k in loaded if rules(k) is None]
+
+
+def _check_declarations(p: _Planning, splits: list[sets.FusedSplit]) -> None:
+  """Phase 2: recipes and aliases name real target parameters; fused splits fit the source."""
+  for name in list(p.recipes) + list(p.aliases):
+    if name not in p.by_name:
+      p.problems.append(f"n:{name}: has a recipe or alias, but the target has no such parameter")
+  for split in splits:
+    try:
+      split.check(p.source)
+    except errors.RecipeError as e:
+      p.problems.append(str(e))
+
+
+def _plan_entries(p: _Planning, renamed: dict[str, str]) -> list[str]:
+  """Phase 3: a direct or recipe entry for every slot that is not excluded or an alias;
+  returns the excluded slots' keys."""
+  excluded_keys = []
+  for slot in p.slots:
+    if p.excluded(slot.name):
+      excluded_keys.append(slot.key)
+      continue
+    recipe = p.recipes.get(slot.name)
+    reads = (
+      ops.source_keys(recipe) if recipe else [renamed[slot.name]] if slot.name in renamed else []
+    )
+    if not _slot_is_placeable(p, slot):
+      p.used.update(reads)  # what it would read is accounted for, not "unused"
+      continue
+    if slot.name in p.aliases:
+      continue  # planned after their owners
+    if recipe is None and slot.name in renamed:
+      entry = _plan_direct(p, slot, renamed[slot.name])
+    elif recipe is None:
+      near = [k for k in p.source_keys if k.split("/")[-1] == slot.name.split("/")[-1]][:3]
+      hint = f" (checkpoint keys with the same leaf name: {', '.join(near)})" if near else ""
+      p.problems.append(
+        f"{slot.key}: missing from the checkpoint{hint}; add a recipe, a rename rule, or exclude it"
+      )
+      entry = None
+    else:
+      entry = _plan_recipe(p, slot, recipe)
+    p.used.update(reads)
+    if entry is not None:
+      p.entries.append(entry)
+  return excluded_keys
+
+
+def _slot_is_placeable(p: _Planning, slot: target_lib.Slot) -> bool:
+  """The slot's sharding divides its shape, and JAX can hold its dtype as it is."""
+  try:
+    slot.sharding.shard_shape(slot.shape)
+  except Exception as e:  # jax raises ValueError/TypeError for uneven shardings
+    p.problems.append(
+      f"{slot.key}: sharding {target_lib.describe_sharding(slot.sharding)} does not divide "
+      f"{slot.shape} evenly ({e})"
+    )
+    return False
+  stored = np.dtype(jax.dtypes.canonicalize_dtype(slot.dtype))
+  if stored != slot.dtype:
+    p.problems.append(
+      f"{slot.key}: the target is {slot.dtype.name}, but with jax_enable_x64 off JAX stores it as "
+      f"{stored.name}, so it could never bind; call jax.config.update('jax_enable_x64', True) "
+      f"first, or make the target {stored.name} (dtype_policy='cast' converts the checkpoint)"
+    )
+    return False
+  return True
+
+
+def _plan_direct(p: _Planning, slot: target_lib.Slot, key: str) -> PlanEntry | None:
+  meta = p.source.metadata(key)
+  if meta.shape != slot.shape:
+    hint = (
+      "add a transpose recipe or fix the target"
+      if sorted(meta.shape) == sorted(slot.shape)
+      else "add a recipe (reshape, select, ...) or fix the target"
+    )
+    p.problems.append(
+      f"{slot.key}: checkpoint {key!r} has shape {meta.shape}, target expects {slot.shape}; {hint}"
+    )
+    return None
+  if meta.dtype == slot.dtype:
+    return PlanEntry(slot.key, "direct", slot.shape, slot.dtype, slot.sharding, source_key=key)
+  if p.dtype_policy == "cast":
+    recipe = ops.cast(ops.source(key), slot.dtype)
+    return PlanEntry(slot.key, "recipe", slot.shape, slot.dtype, slot.sharding, recipe=recipe)
+  p.problems.append(
+    f"{slot.key}: checkpoint {key!r} has dtype {meta.dtype.name}, target expects "
+    f"{slot.dtype.name}; pass dtype_policy='cast' or add a cast recipe"
+  )
+  return None
+
+
+def _plan_recipe(p: _Planning, slot: target_lib.Slot, recipe: ops.Recipe) -> PlanEntry | None:
+  try:
+    backend_lib.JaxBackend().preflight_recipe(recipe, p.source)
+    meta = ops.infer(recipe, p.source)
+  except errors.RecipeError as e:
+    p.problems.append(f"{slot.key}: {e}")
+    return None
+  if meta.shape != slot.shape:
+    p.problems.append(
+      f"{slot.key}: recipe {recipe} produces {meta.shape}, target expects {slot.shape}"
+    )
+    return None
+  if meta.dtype != slot.dtype:
+    if p.dtype_policy != "cast":
+      p.problems.append(
+        f"{slot.key}: recipe {recipe} produces {meta.dtype.name}, target expects "
+        f"{slot.dtype.name}; pass dtype_policy='cast' or end the recipe with cast()"
+      )
+      return None
+    recipe = ops.cast(recipe, slot.dtype)
+  return PlanEntry(slot.key, "recipe", slot.shape, slot.dtype, slot.sharding, recipe=recipe)
+
+
+def _plan_aliases(p: _Planning) -> None:
+  """Phase 4: tied weights share their (planned) owner's array."""
+  try:
+    resolved = sets.resolve_aliases(p.aliases, set(p.by_name) - set(p.aliases))
+  except errors.AliasError as e:
+    p.problems.append(str(e))
+    return
+  planned = {e.key for e in p.entries}
+  for alias, owner in resolved.items():
+    if alias not in p.by_name or p.excluded(alias):
+      continue
+    a, o = p.by_name[alias], p.by_name[owner]
+    if o.key not in planned and not p.excluded(owner):
+      continue  # the owner's own problem is already reported
+    if p.excluded(owner):
+      problem = f"aliases {o.key}, which is excluded; exclude the alias too or load the owner"
+    elif (a.shape, a.dtype) != (o.shape, o.dtype):
+      problem = (
+        f"aliases {o.key}, but is {a.shape} {a.dtype.name} and the owner is {o.shape} "
+        f"{o.dtype.name}"
+      )
+    elif not a.sharding.is_equivalent_to(o.sharding, len(a.shape)):
+      problem = (
+        f"aliases {o.key}, but its sharding {target_lib.describe_sharding(a.sharding)} differs "
+        f"from the owner's {target_lib.describe_sharding(o.sharding)}; a tied weight is one array"
+      )
+    else:
+      p.entries.append(PlanEntry(a.key, "alias", a.shape, a.dtype, a.sharding, owner=o.key))
+      continue
+    p.problems.append(f"{a.key}: {problem}")
+
+
+def _account_for_unused_keys(p: _Planning, dropped: list[str]) -> list[str]:
+  """Phase 5: every checkpoint key is loaded, deliberately ignored, or a problem; returns the
+  ignored ones (renamed to ``None`` or excluded)."""
+  ignored = sorted(set(dropped) | {k for k in p.source_keys if p.excluded(k) and k not in p.used})
+  for k in sorted(p.source_keys):
+    if k not in p.used and k not in ignored:
+      p.problems.append(
+        f"checkpoint key {k!r} is not used by any parameter; rename it, exclude it, or map it "
+        "with a recipe"
+      )
+  return ignored
