@@ -41,7 +41,7 @@ def _is_masked(x: Any) -> bool:
   return isinstance(x, optax.MaskedNode)
 
 
-def _dtype(x: Any) -> Any:
+def dtype_of(x: Any) -> Any:
   """``x``'s dtype: numpy's, or jax's extended ones (PRNG keys in dpsgd's state)."""
   dtype = getattr(x, "dtype", None)
   return dtype if dtype is not None else np.asarray(x).dtype
@@ -49,14 +49,14 @@ def _dtype(x: Any) -> Any:
 
 def _abstract(tree: Any) -> Any:
   """Shapes and dtypes only (tracers, arrays, numbers); pytree nodes and boxes kept."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)), tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), dtype_of(x)), tree)
 
 
 def _leaf_signature(x: Any) -> tuple[tuple[int, ...], Any]:
   try:
     return x.shape, x.dtype  # arrays, tracers, ShapeDtypeStructs: plain attribute reads
   except AttributeError:
-    return tuple(np.shape(x)), _dtype(x)  # Python numbers
+    return tuple(np.shape(x)), dtype_of(x)  # Python numbers
 
 
 def _signature(tree: Any) -> tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]:
@@ -89,7 +89,7 @@ class ParamIndex:
       treedef.unflatten(range(len(leaves))),
       tuple(keys),
       tuple(tuple(np.shape(x)) for x in leaves),
-      tuple(_dtype(x) for x in leaves),
+      tuple(dtype_of(x) for x in leaves),
     )
 
   def mirror_keys(self, node: Any) -> tuple[str | None, ...] | None:
@@ -103,7 +103,7 @@ class ParamIndex:
       return None
     if treedef.num_nodes == 1 and not _is_masked(leaves[0]):  # a leaf: mirrors a bare array
       bare = len(self.keys) == 1 and isinstance(self.positions, int)
-      ok = bare and np.shape(leaves[0]) == self.shapes[0] and _dtype(leaves[0]) == self.dtypes[0]
+      ok = bare and np.shape(leaves[0]) == self.shapes[0] and dtype_of(leaves[0]) == self.dtypes[0]
       return (self.keys[0],) if ok else None
     try:
       parts = treedef.flatten_up_to(self.positions)
@@ -129,19 +129,35 @@ def components(path: Any) -> Path:
 
 def mirrors(state: Any, index: ParamIndex) -> list[tuple[Path, Any, tuple[str | None, ...]]]:
   """``(prefix, subtree, keys)`` of every subtree of ``state`` that mirrors the parameters."""
-  found: list[tuple[Path, Any, tuple[str | None, ...]]] = []
+  keys_of: dict[int, tuple[str | None, ...]] = {}  # id(node) -> keys, for the nodes that mirror
 
   def is_mirror(node: Any) -> bool:
-    return index.mirror_keys(node) is not None
-
-  for path, node in jax.tree_util.tree_flatten_with_path(state, is_leaf=is_mirror)[0]:
     keys = index.mirror_keys(node)
     if keys is not None:
-      found.append((components(path), node, keys))
-  return found
+      keys_of[id(node)] = keys
+    return keys is not None
+
+  flat = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_mirror)[0]
+  return [(components(path), node, keys_of[id(node)]) for path, node in flat if id(node) in keys_of]
 
 
 # --- the update-time check -----------------------------------------------------------------------
+
+
+def state_leaves(tree: Any) -> list[tuple[Path, Any]]:
+  """``(path components, leaf)`` of a state, whatever form it comes in.
+
+  A flax ``Variable``'s own ``.value`` slot and the ``{'value': x}`` dicts orbax writes for a
+  saved ``nnx.State`` are not part of the path, so live, restored and pure NNX states agree.
+  """
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  paths = keys_lib.fold_saved_variables([p for p, _ in flat])
+  out = []
+  for path, (_, leaf) in zip(paths, flat):
+    if len(path) > 1 and keys_lib.is_variable_slot(path[-1]):
+      path = path[:-1]
+    out.append((components(path), leaf))
+  return out
 
 
 def _slot_table(state: Any, prefixes: list[Path]) -> tuple[dict[tuple[Path, str], Any], dict]:
@@ -153,10 +169,7 @@ def _slot_table(state: Any, prefixes: list[Path]) -> tuple[dict[tuple[Path, str]
   slots: dict[tuple[Path, str], Any] = {}
   plain: dict[Path, Any] = {}
   longest_first = sorted(prefixes, key=len, reverse=True)
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_masked)[0]:
-    if _is_masked(leaf):
-      continue
-    comps = components(path)
+  for comps, leaf in state_leaves(state):  # (a MaskedNode has no leaves)
     key = slot_key(comps, longest_first)
     if key is None:
       plain[comps] = tuple(np.shape(leaf))
@@ -303,8 +316,7 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
       built.pop(next(iter(built)))
     built[signature] = (jax.tree.structure(state, is_leaf=_is_masked), _signature(state)[1])
 
-  def expected_for(reference: Any) -> tuple[Any, Any, Any]:
-    signature = _signature(reference)
+  def expected_for(reference: Any, signature: Any) -> tuple[Any, Any, Any]:
     abstract = jax.eval_shape(tx.init, _abstract(reference))
     remember(signature, abstract)
     return abstract, *built[signature]
@@ -316,7 +328,7 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
     have = (jax.tree.structure(state, is_leaf=_is_masked), _signature(state)[1])
     if known is not None and _same(have, known):
       return
-    expected, *fresh = expected_for(reference)
+    expected, *fresh = expected_for(reference, signature)
     if _same(have, (fresh[0], fresh[1])):
       return
     error = _mismatch(state, expected, ParamIndex.of(reference, by), per_example_ok=params is None)

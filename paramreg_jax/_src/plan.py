@@ -295,11 +295,14 @@ class _Planning:
   recipes: dict[str, ops.Recipe]
   aliases: dict[str, str]
   dtype_policy: DtypePolicy
-  source_keys: tuple[str, ...] = ()
-  meant: set[str] = dataclasses.field(default_factory=set)
   entries: list[PlanEntry] = dataclasses.field(default_factory=list)
   problems: list[str] = dataclasses.field(default_factory=list)
-  used: set[str] = dataclasses.field(default_factory=set)
+  # derived in __post_init__
+  source_keys: tuple[str, ...] = dataclasses.field(init=False)
+  by_name: dict[str, target_lib.Slot] = dataclasses.field(init=False)
+  by_recipes: set[str] = dataclasses.field(init=False)
+  meant: set[str] = dataclasses.field(init=False)
+  used: set[str] = dataclasses.field(init=False)
 
   def __post_init__(self) -> None:
     self.source_keys = tuple(self.source.keys())

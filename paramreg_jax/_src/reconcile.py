@@ -26,7 +26,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
 
-Path = tuple[str, ...]
+Path = keyed_lib.Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ class SurgeryReport:
 
 
 def _spec(x: Any) -> tuple[tuple[int, ...], Any]:
-  return tuple(np.shape(x)), keyed_lib._dtype(x)  # numpy's or jax's extended (PRNG key) dtype
+  return tuple(np.shape(x)), keyed_lib.dtype_of(x)  # numpy's or jax's extended (PRNG key) dtype
 
 
 def _fmt(spec: tuple[tuple[int, ...], Any]) -> str:
@@ -108,22 +108,6 @@ def _fmt(spec: tuple[tuple[int, ...], Any]) -> str:
 def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
   if value not in allowed:
     raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def _flat(tree: Any) -> list[tuple[Path, Any]]:
-  """``(path components, leaf)`` of a state, whatever form it comes in.
-
-  A flax ``Variable``'s own ``.value`` slot and the ``{'value': x}`` dicts orbax writes for a
-  saved ``nnx.State`` are not part of the path, so live, restored and pure NNX states agree.
-  """
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  paths = keys_lib.fold_saved_variables([p for p, _ in flat])
-  out = []
-  for path, (_, leaf) in zip(paths, flat):
-    if len(path) > 1 and keys_lib.is_variable_slot(path[-1]):
-      path = path[:-1]
-    out.append((keyed_lib.components(path), leaf))
-  return out
 
 
 def _optimizer_state(state: Any) -> Any:
@@ -194,7 +178,7 @@ def reconcile(
   prefixes = sorted(
     (prefix for prefix, _, _ in keyed_lib.mirrors(abstract, index)), key=len, reverse=True
   )
-  fresh_flat = _flat(abstract)
+  fresh_flat = keyed_lib.state_leaves(abstract)
   fresh_slots = {comps: keyed_lib.slot_key(comps, prefixes) for comps, _ in fresh_flat}
   old_slots, old_plain, renamed = _old_state(_optimizer_state(state), prefixes, rename)
 
@@ -261,7 +245,7 @@ def reconcile(
 
   reinit_keys = set(mismatched) | moved
   needs_init |= {c for c, slot in fresh_slots.items() if slot is not None and slot[1] in mismatched}
-  fresh_values = dict(_flat(inner.init(params))) if needs_init else {}
+  fresh_values = dict(keyed_lib.state_leaves(inner.init(params))) if needs_init else {}
   placement = _param_shardings(params, index)
   leaves = []
   for comps, _ in fresh_flat:
@@ -317,7 +301,7 @@ def _old_state(
   slots: dict[tuple[Path, str], Any] = {}
   plain: dict[Path, Any] = {}
   pairs: dict[str, str] = {}
-  for comps, leaf in _flat(state):
+  for comps, leaf in keyed_lib.state_leaves(state):
     slot = keyed_lib.slot_key(comps, prefixes)
     if slot is None:
       plain[comps] = leaf
@@ -392,7 +376,7 @@ def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: An
     )
   step = None
   if isinstance(restored, Mapping) and "step" in restored:
-    step = dict(_flat({"step": restored["step"]})).get(("step",))
+    step = dict(keyed_lib.state_leaves({"step": restored["step"]})).get(("step",))
   for variable, value in zip(slots, values):
     variable.set_value(value)
   if step is not None:
