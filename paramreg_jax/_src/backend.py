@@ -1,19 +1,29 @@
 """``ParameterBackend`` (the seed's trait as a Protocol) and ``JaxBackend``.
 
-``JaxBackend`` builds each weight directly as a sharded ``jax.Array``: for every distinct region
-that this process's devices hold (``sharding.addressable_devices_indices_map``), it reads exactly
-that region from the source (or evaluates the recipe on it), puts it on the devices that hold it,
-and assembles the global array with ``jax.make_array_from_single_device_arrays``. A replicated
-region is read once. Under ``jax.distributed`` each process only ever sees its own devices, so it
-only reads its own bytes. Host memory is bounded: before a region is read, older transfers are
-awaited until the in-flight bytes fit the budget.
+``JaxBackend`` builds each weight directly as a sharded ``jax.Array``, in one pass over the data
+flow ``source -> plan -> materialize -> bind``:
+
+1. every distinct box this process's devices hold (``sharding.addressable_devices_indices_map``)
+   is compiled with the weight's recipe into reads and one function
+   (:mod:`paramreg_jax._src.recipes.compiler`);
+2. the reads are widened to storage granules and merged into blocks, packed into windows that
+   fit the host-memory budget (:mod:`paramreg_jax._src.reads`): a chunk is read once per
+   process, whatever number of shards need it;
+3. while one window is read, the previous window's shards are built by a thread pool (a strided
+   copy each, into 64-byte aligned buffers) and handed to their devices with one batched
+   ``jax.device_put`` (on CPU the device adopts the buffer: no copy); a shard that is exactly
+   one read is handed over as read;
+4. ``jax.make_array_from_single_device_arrays`` assembles each global array.
+
+Under ``jax.distributed`` each process only ever sees its own devices, so it only reads its own
+bytes. No XLA program runs: no compile, no collective, and no device holds more than its shard.
 """
 
 from __future__ import annotations
 
-import collections
+import concurrent.futures
 import dataclasses
-import functools
+import os
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol
@@ -22,38 +32,64 @@ from typing import runtime_checkable
 import jax
 import numpy as np
 
-from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
+from paramreg_jax._src import reads as reads_lib
 from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src import source as source_lib
 from paramreg_jax._src import target as target_lib
-from paramreg_jax._src.recipes import device as device_lib
-from paramreg_jax._src.recipes import evaluate as evaluate_lib
+from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.recipes import ops
+
+_MIB = 1 << 20
+
+
+def default_max_inflight_bytes() -> int:
+  """The default host budget: 1/16 of the memory available now, between 16 and 128 MiB.
+
+  Throughput does not need more (a 128 MiB budget already keeps reading and building busy on
+  every measured machine), and a laptop with 2 GiB free keeps most of it.
+
+  Examples:
+    >>> from paramreg_jax._src.backend import default_max_inflight_bytes
+    >>> 16 << 20 <= default_max_inflight_bytes() <= 128 << 20
+    True
+  """
+  available = None
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          available = int(line.split()[1]) * 1024
+          break
+  except OSError:
+    pass
+  if available is None:
+    try:
+      available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+      available = 1 << 31
+  return int(min(128 * _MIB, max(16 * _MIB, available // 16)))
 
 
 @dataclasses.dataclass
 class MaterializationContext:
-  """Where one weight goes and the shared host-memory budget of the unit being built.
+  """Where one weight goes, and the host-memory budget of the unit it belongs to.
 
   Attributes:
     key: the target key (for messages).
     shape, dtype, sharding: what the weight must be.
-    max_inflight_bytes: host bytes that may wait for device transfers at once.
-    on_bytes: called with the byte count of every region read (progress bars).
+    max_inflight_bytes: source bytes the host may hold at once besides the restored arrays
+      (two windows of half of it: one being read, one being built); ``None`` for
+      :func:`default_max_inflight_bytes`.
+    on_bytes: called with the byte count of every block read (progress bars).
   """
 
   key: str
   shape: tuple[int, ...]
   dtype: np.dtype
   sharding: jax.sharding.Sharding
-  max_inflight_bytes: int = 1 << 30
+  max_inflight_bytes: int | None = None
   on_bytes: Callable[[int], None] | None = None
-  source_key: str | None = None
-  _pending: collections.deque[tuple[int, list[jax.Array]]] = dataclasses.field(
-    default_factory=collections.deque
-  )
-  _inflight: list[int] = dataclasses.field(default_factory=lambda: [0])
 
   def for_slot(
     self, key: str, shape: tuple[int, ...], dtype: Any, sharding: Any
@@ -62,29 +98,6 @@ class MaterializationContext:
     return dataclasses.replace(
       self, key=key, shape=tuple(shape), dtype=np.dtype(dtype), sharding=sharding
     )
-
-  def reserve(self, nbytes: int) -> None:
-    """Waits for the oldest transfers until ``nbytes`` more fit in the budget."""
-    while self._pending and self._inflight[0] + nbytes > self.max_inflight_bytes:
-      done, arrays = self._pending.popleft()
-      jax.block_until_ready(arrays)
-      self._inflight[0] -= done
-    self._inflight[0] += nbytes
-
-  def track(self, nbytes: int, arrays: list[jax.Array]) -> None:
-    self._pending.append((nbytes, arrays))
-    if self.on_bytes is not None:
-      self.on_bytes(nbytes)
-
-  def drain(self) -> None:
-    while self._pending:
-      done, arrays = self._pending.popleft()
-      jax.block_until_ready(arrays)
-      self._inflight[0] -= done
-
-
-def _read_lease(lease: Any, region: sel_lib.Region) -> np.ndarray:
-  return lease.read(sel_lib.region_slices(region))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +141,14 @@ class ParameterBackend(Protocol):
 
 
 class JaxBackend:
-  """The JAX implementation: weights are sharded ``jax.Array``s built from region reads.
+  """The JAX implementation: weights are sharded ``jax.Array``s built from block reads.
 
   A parameter slot is a target leaf (``jax.Array`` or ``jax.ShapeDtypeStruct`` with a
   ``.sharding``). ``bind`` is functional: it returns the value to put in the new tree.
+
+  Args:
+    threads: host threads that build shards (strided copies release the GIL); default: the
+      number of cores, at most 8.
 
   Examples:
     >>> import jax, numpy as np
@@ -148,6 +165,13 @@ class JaxBackend:
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
   """
 
+  def __init__(self, threads: int | None = None):
+    if threads is None:
+      threads = max(1, min(8, os.cpu_count() or 1))
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+      raise ValueError(f"JaxBackend(threads=...) must be a positive int, got {threads!r}")
+    self.threads = threads
+
   def preflight_recipe(self, recipe: ops.Recipe, source: Any) -> None:
     """Metadata-only: the recipe infers, and JAX can hold its dtype as it is."""
     meta = ops.infer(recipe, source)
@@ -158,143 +182,59 @@ class JaxBackend:
         "unless jax_enable_x64 is set; cast it explicitly or enable x64"
       )
 
-  def _build_many(
-    self,
-    items: list[tuple[MaterializationContext, Callable[[sel_lib.Region], np.ndarray]]],
-    read_many: Callable[[list[tuple[int, sel_lib.Region]]], list[np.ndarray]] | None = None,
+  def materialize(self, lease: Any, context: MaterializationContext) -> Materialization:
+    """Builds the weight from one lease (each block of it read once)."""
+    recipe = ops.Source(lease.key, lease.selection)
+    return self.materialize_all(lease.source, [(recipe, context)])[0]
+
+  def materialize_recipe(
+    self, recipe: ops.Recipe, source: Any, context: MaterializationContext
+  ) -> Materialization:
+    """Builds the weight from ``recipe`` (see :meth:`materialize_all`)."""
+    return self.materialize_all(source, [(recipe, context)])[0]
+
+  def materialize_all(
+    self, source: Any, requests: list[tuple[ops.Recipe, MaterializationContext]]
   ) -> list[Materialization]:
-    """Builds several weights, batching their region reads up to the shared budget."""
-    tasks: list[tuple[int, sel_lib.Region, list[Any], int]] = []
-    for i, (context, _) in enumerate(items):
-      shape, dtype = tuple(context.shape), np.dtype(context.dtype)
-      by_region: dict[sel_lib.Region, list[Any]] = {}
-      for device, index in context.sharding.addressable_devices_indices_map(shape).items():
-        region = sel_lib.normalize_index(index, shape, where=context.key)
-        by_region.setdefault(region, []).append(device)
-      for region in sorted(by_region):
-        nbytes = source_lib.nbytes_of(sel_lib.region_shape(region), dtype)
-        tasks.append((i, region, by_region[region], nbytes))
-    shards: list[list[jax.Array]] = [[] for _ in items]
-    batch: list[tuple[int, sel_lib.Region, list[Any], int]] = []
-    budget = items[0][0].max_inflight_bytes if items else 0
+    """Builds several weights of one source together (a plain tensor is ``source(key)``).
 
-    def flush() -> None:
-      if not batch:
-        return
-      culprit = items[batch[0][0]][0].key
-
-      def owner_of(source_key: str | None) -> str:  # the target key that read ``source_key``
-        hits = (items[i][0].key for i, _, _, _ in batch if items[i][0].source_key == source_key)
-        return next(hits, culprit)
-
-      try:
-        if read_many is not None:
-          values = read_many([(i, r) for i, r, _, _ in batch])
-        else:
-          values = []
-          for i, r, _, _ in batch:
-            culprit = items[i][0].key
-            values.append(items[i][1](r))
-      except errors.SourceIOError as e:
-        culprit = owner_of(e.key) if read_many is not None else culprit
-        raise errors.MaterializationError(f"{culprit}: {e}", culprit) from e
-      except KeyboardInterrupt as e:
-        if read_many is not None:
-          culprit = owner_of(getattr(e, "paramreg_source_key", None))
-        if hasattr(e, "add_note"):
-          e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
-        raise
-      hosts, targets, owners = [], [], []
-      for (i, region, devices, _), host in zip(batch, values):
-        context = items[i][0]
-        want, dtype = sel_lib.region_shape(region), np.dtype(context.dtype)
-        if host.shape != want or host.dtype != dtype:
-          raise errors.MaterializationError(
-            f"{context.key}: region {sel_lib.region_slices(region)} came back as {host.shape} "
-            f"{host.dtype}, expected {want} {dtype.name} (corrupt data?)",
-            context.key,
-          )
-        for k, d in enumerate(devices):
-          hosts.append(host)
-          targets.append(d)
-          owners.append((i, host.nbytes if k == 0 else 0))  # a replicated region counts once
-      put = jax.device_put(hosts, targets)  # one batched transfer call for the whole batch
-      for (i, nbytes), array in zip(owners, put):
-        shards[i].append(array)
-        items[i][0].track(nbytes, [array])
-      batch.clear()
-
-    batch_bytes = 0
-    for task in tasks:
-      if batch and batch_bytes + task[3] > budget:
-        flush()
-        batch_bytes = 0
-      items[task[0]][0].reserve(task[3])
-      batch.append(task)
-      batch_bytes += task[3]
-    flush()
+    Their reads share windows, so a block two weights need (q, k and v split from one fused
+    tensor) is read once when they fall in the same window. Host memory beyond the restored
+    arrays stays within ``max_inflight_bytes``, or the blocks of one shard when those alone
+    are larger. Any failure raises :class:`MaterializationError` naming the target key.
+    """
+    if not requests:
+      return []
+    first = requests[0][1]
+    budget = first.max_inflight_bytes or default_max_inflight_bytes()
+    tasks = [task for i, request in enumerate(requests) for task in _tasks(i, request, source)]
+    windows = reads_lib.windows(tasks, source, max(1, budget // 2))
+    shards: list[list[jax.Array]] = [[] for _ in requests]
+    keys = [context.key for _, context in requests]
+    pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="paramreg")
+    try:
+      built: tuple[reads_lib.Window, list[Any]] | None = None
+      transferring: list[jax.Array] = []
+      for window in windows:
+        blocks = _read(source, window, keys, first.on_bytes)
+        builds = [pool.submit(_build, task, window, blocks, keys) for task in window.tasks]
+        del blocks  # held by the builds until they finish
+        if built is not None:
+          transferring = _hand_over(*built, shards, transferring)
+        built = (window, builds)
+      if built is not None:
+        _hand_over(*built, shards, transferring)
+    except BaseException:
+      pool.shutdown(wait=False, cancel_futures=True)
+      raise
+    pool.shutdown(wait=True)
     return [
       Materialization(
         context.key,
         jax.make_array_from_single_device_arrays(tuple(context.shape), context.sharding, shards[i]),
       )
-      for i, (context, _) in enumerate(items)
+      for i, (_, context) in enumerate(requests)
     ]
-
-  def materialize(self, lease: Any, context: MaterializationContext) -> Materialization:
-    """Builds the weight from one lease (reading each local region once)."""
-    return self.materialize_many([(lease, context)])[0]
-
-  def materialize_many(
-    self, requests: list[tuple[Any, MaterializationContext]]
-  ) -> list[Materialization]:
-    """Several leases at once: their region reads are batched (orbax overlaps them)."""
-    items: list[tuple[MaterializationContext, Callable[[sel_lib.Region], np.ndarray]]] = []
-    for lease, context in requests:
-      context.source_key = lease.key
-      items.append((context, functools.partial(_read_lease, lease)))
-    sources = {id(lease.source) for lease, _ in requests}
-    full = all(isinstance(lease.selection, sel_lib.Full) for lease, _ in requests)
-    if len(sources) == 1 and full and requests and hasattr(requests[0][0].source, "read_many"):
-      src = requests[0][0].source
-
-      def read_many(reqs: list[tuple[int, sel_lib.Region]]) -> list[np.ndarray]:
-        return src.read_many([(requests[i][0].key, r) for i, r in reqs])
-
-      return self._build_many(items, read_many)
-    return self._build_many(items)
-
-  def materialize_recipe(
-    self, recipe: ops.Recipe, source: Any, context: MaterializationContext
-  ) -> Materialization:
-    """Builds the weight from ``recipe``.
-
-    Selection pushdown (each local region evaluated on host, reading only what it needs) for
-    recipes that select, join, cast or apply unary ops. Recipes that transpose, reshape or view
-    would read strided bytes per shard: their sources are read on the source layout (leading-
-    axis row blocks over the target's mesh) and transformed on device by a jitted function
-    whose output sharding is the target's.
-    """
-    if not device_lib.wants_device_transform(recipe):
-      read = lambda r: evaluate_lib.evaluate(recipe, source, sel_lib.region_slices(r))  # noqa: E731
-      return self._build_many([(context, read)])[0]
-    leaves = device_lib.leaves(recipe)
-    requests = []
-    for leaf in leaves:
-      lease = source.lease(leaf.key, leaf.selection)
-      sharding = device_lib.row_sharding(context.sharding, lease.shape)
-      sub = context.for_slot(f"{context.key} <- {leaf}", lease.shape, lease.dtype, sharding)
-      requests.append((lease, sub))
-    inputs = [m.weight for m in self.materialize_many(requests)]
-    # settle: never two of our (possibly collective) device programs in flight on XLA:CPU
-    weight = devices_lib.settle(device_lib.compiled(recipe, leaves, context.sharding)(*inputs))
-    if weight.dtype != np.dtype(context.dtype) or tuple(weight.shape) != tuple(context.shape):
-      raise errors.MaterializationError(
-        f"{context.key}: {recipe} produced {weight.shape} {weight.dtype}, expected "
-        f"{tuple(context.shape)} {np.dtype(context.dtype).name}",
-        context.key,
-      )
-    return Materialization(context.key, weight)
 
   def materialized_weight(self, materialization: Materialization) -> jax.Array:
     return materialization.weight
@@ -338,3 +278,161 @@ class JaxBackend:
     """The new value of the slot (functional replacement; nothing is mutated)."""
     del parameter
     return weight
+
+
+def _tasks(
+  index: int, request: tuple[ops.Recipe, MaterializationContext], source: Any
+) -> list[Any]:
+  """One compiled task per distinct box of the weight that this process's devices hold."""
+  recipe, context = request
+  shape, dtype = tuple(context.shape), np.dtype(context.dtype)
+  try:
+    metas = compiler.infer_all(recipe, source)
+  except errors.ParamRegError as e:
+    raise errors.MaterializationError(f"{context.key}: {e}", context.key) from e
+  meta = metas[id(recipe)]
+  if meta.shape != shape or meta.dtype != dtype:
+    raise errors.MaterializationError(
+      f"{context.key}: {recipe} produces {meta.shape} {meta.dtype.name}, the slot needs "
+      f"{shape} {dtype.name}",
+      context.key,
+    )
+  by_region: dict[sel_lib.Region, list[Any]] = {}
+  for device, index_ in context.sharding.addressable_devices_indices_map(shape).items():
+    region = sel_lib.normalize_index(index_, shape, where=context.key)
+    by_region.setdefault(region, []).append(device)
+  return [
+    reads_lib.Task(index, by_region[r], compiler.compile_shard(recipe, metas, r))
+    for r in sorted(by_region)
+  ]
+
+
+def _culprit(window: reads_lib.Window, keys: list[str], source_key: str | None) -> str:
+  """The target key of the first task in ``window`` that reads ``source_key``."""
+  for task in window.tasks:
+    if any(read.key == source_key for read in task.program.reads):
+      return keys[task.weight]
+  return keys[window.tasks[0].weight]
+
+
+def _read(
+  source: Any, window: reads_lib.Window, keys: list[str], on_bytes: Callable[[int], None] | None
+) -> dict[tuple[str, sel_lib.Region], np.ndarray]:
+  """Every block of ``window``, read in one call (orbax overlaps them)."""
+  requests = window.requests()
+  try:
+    values = source.read_many(requests)
+  except errors.SourceIOError as e:
+    culprit = _culprit(window, keys, e.key)
+    raise errors.MaterializationError(f"{culprit}: {e}", culprit) from e
+  except KeyboardInterrupt as e:
+    culprit = _culprit(window, keys, getattr(e, "paramreg_source_key", None))
+    if hasattr(e, "add_note"):
+      e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
+    raise
+  out = {}
+  for (key, box), value in zip(requests, values):
+    want, dtype = sel_lib.region_shape(box), np.dtype(source.metadata(key).dtype)
+    if value.shape != want or value.dtype != dtype:
+      culprit = _culprit(window, keys, key)
+      raise errors.MaterializationError(
+        f"{culprit}: {key!r} region {sel_lib.region_slices(box)} came back as {value.shape} "
+        f"{value.dtype}, expected {want} {dtype.name} (corrupt data?)",
+        culprit,
+      )
+    out[key, box] = value
+  if on_bytes is not None:
+    on_bytes(sum(v.nbytes for v in values))
+  return out
+
+
+def _build(
+  task: reads_lib.Task,
+  window: reads_lib.Window,
+  blocks: dict[tuple[str, sel_lib.Region], np.ndarray],
+  keys: list[str],
+) -> np.ndarray:
+  """The host buffer of one shard: the block itself when it is exactly the shard, else one
+  copy of the program's value into a new aligned buffer. Runs in the thread pool."""
+  program = task.program
+
+  def fetch(read: compiler.Read) -> np.ndarray:
+    return window.view(blocks, read)
+
+  try:
+    if program.handoff is not None:
+      value = fetch(program.handoff)
+      if value.ctypes.data % source_lib.HOST_ALIGNMENT == 0 and value.flags.c_contiguous:
+        return value
+    else:
+      value = program.run(fetch)
+    if value.shape != program.shape or value.dtype != program.dtype:
+      raise errors.MaterializationError(
+        f"{keys[task.weight]}: region {sel_lib.region_slices(program.region)} came out as "
+        f"{value.shape} {value.dtype}, expected {program.shape} {program.dtype.name}",
+        keys[task.weight],
+      )
+    out = source_lib.aligned_empty(program.shape, program.dtype)
+    np.copyto(out, value, casting="no")
+    return out
+  except errors.ParamRegError:
+    raise
+  except Exception as e:  # numpy errors while transforming: name the weight
+    raise errors.MaterializationError(
+      f"{keys[task.weight]}: building region {sel_lib.region_slices(program.region)} failed: "
+      f"{type(e).__name__}: {e}",
+      keys[task.weight],
+    ) from e
+
+
+def _hand_over(
+  window: reads_lib.Window,
+  builds: list[Any],
+  shards: list[list[jax.Array]],
+  transferring: list[jax.Array],
+) -> list[jax.Array]:
+  """Puts a built window on its devices (one batched call) once the previous window's
+  transfers finished, so at most one window of host buffers waits on transfers."""
+  hosts, devices, owners = [], [], []
+  for task, build in zip(window.tasks, builds):
+    host = build.result()
+    for device in task.devices:
+      hosts.append(host)  # a replicated shard: one host buffer, several devices
+      devices.append(device)
+      owners.append(task.weight)
+  jax.block_until_ready(transferring)
+  put = jax.device_put(hosts, devices)
+  for weight, array in zip(owners, put):
+    shards[weight].append(array)
+  return put
+
+
+def evaluate(recipe: ops.Recipe, src: Any, index: Any = None) -> np.ndarray:
+  """The value of ``recipe`` (or just the region ``index`` of it) as a numpy array.
+
+  The same compiled program and block reads a restore runs for one shard, on the host.
+
+  Args:
+    recipe: a recipe.
+    src: a checkpoint source.
+    index: ``None`` for the whole output, or a tuple of slices into the output shape.
+
+  Returns:
+    ``evaluate(recipe, src)[index]``, computed reading only what that region needs.
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax import recipes
+    >>> from paramreg_jax.sources import MemorySource
+    >>> src = MemorySource({"left": np.ones((2, 3), np.float32), "right": np.zeros((2, 3), np.float32)})
+    >>> r = recipes.concatenate([recipes.source("left"), recipes.source("right")], axis=0)
+    >>> recipes.evaluate(r, src, (slice(1, 3),)).tolist(), src.stats.bytes_read
+    ([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], 24)
+  """
+  metas = compiler.infer_all(recipe, src)
+  region = sel_lib.normalize_index(index, metas[id(recipe)].shape, where=str(recipe))
+  program = compiler.compile_shard(recipe, metas, region)
+  (window,) = reads_lib.windows([reads_lib.Task(0, [], program)], src, 1 << 62)
+  requests = window.requests()
+  blocks = dict(zip(requests, src.read_many(requests)))
+  return np.ascontiguousarray(program.run(lambda read: window.view(blocks, read)))

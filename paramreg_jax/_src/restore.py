@@ -21,6 +21,7 @@ from paramreg_jax._src import backend as backend_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import plan as plan_lib
 from paramreg_jax._src import target as target_lib
+from paramreg_jax._src.recipes import ops
 
 
 class MaterializedUnit(Mapping[str, jax.Array]):
@@ -74,11 +75,18 @@ def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[i
     bar.close()
 
 
+def _recipe_of(entry: plan_lib.PlanEntry) -> ops.Recipe:
+  """A plan entry's recipe; a direct entry is ``source(key)``."""
+  if entry.kind == "direct" or entry.recipe is None:
+    return ops.Source(str(entry.source_key))
+  return entry.recipe
+
+
 def materialize(
   plan: plan_lib.RestorePlan,
   *,
   backend: Any = None,
-  max_inflight_bytes: int = 1 << 30,
+  max_inflight_bytes: int | None = None,
   progress: bool = False,
 ) -> MaterializedUnit:
   """Reads and builds every weight of ``plan`` as sharded ``jax.Array``s.
@@ -86,8 +94,10 @@ def materialize(
   Args:
     plan: from :func:`plan_restore`.
     backend: a :class:`ParameterBackend` (default :class:`JaxBackend`).
-    max_inflight_bytes: host bytes that may wait for device transfers at once; peak host
-      memory stays within this plus one region (shard).
+    max_inflight_bytes: source bytes the host may hold at once besides the restored arrays.
+      Peak host memory during the call stays within the restored arrays plus
+      ``max(max_inflight_bytes, the blocks one shard needs)``. Default
+      (``None``): 1/16 of the memory available, between 16 and 128 MiB.
     progress: show a tqdm bar (bytes, rate) that works in notebooks and terminals.
 
   Returns:
@@ -109,7 +119,11 @@ def materialize(
   """
   if not isinstance(plan, plan_lib.RestorePlan):
     raise TypeError(f"materialize takes a RestorePlan from plan_restore, got {type(plan).__name__}")
-  if not isinstance(max_inflight_bytes, int) or max_inflight_bytes <= 0:
+  if max_inflight_bytes is not None and (
+    not isinstance(max_inflight_bytes, int)
+    or isinstance(max_inflight_bytes, bool)
+    or max_inflight_bytes <= 0
+  ):
     raise ValueError(f"max_inflight_bytes must be a positive int, got {max_inflight_bytes!r}")
   backend = backend_lib.JaxBackend() if backend is None else backend
   owners = [e for e in plan.entries if e.kind != "alias"]
@@ -120,35 +134,24 @@ def materialize(
       "", (), jax.numpy.float32, target_lib.default_sharding(), max_inflight_bytes, on_bytes
     )
     try:
-      in_flight: list[tuple[str, Any]] = []
-      direct = [e for e in owners if e.kind == "direct"]
-      contexts = {e.key: base.for_slot(e.key, e.shape, e.dtype, e.sharding) for e in owners}
-      if direct and hasattr(backend, "materialize_many"):
-        # one call: the backend batches region reads across weights within the budget
-        key = direct[0].key
-        built = backend.materialize_many(
-          [(plan.source.lease(e.source_key), contexts[e.key]) for e in direct]
+      contexts = [base.for_slot(e.key, e.shape, e.dtype, e.sharding) for e in owners]
+      if hasattr(backend, "materialize_all"):  # one call: reads shared and windowed
+        key = owners[0].key if owners else None
+        built = backend.materialize_all(
+          plan.source, [(_recipe_of(e), c) for e, c in zip(owners, contexts)]
         )
-        in_flight.extend((e.key, m) for e, m in zip(direct, built))
-      else:
-        for entry in direct:
+      else:  # any ParameterBackend, weight by weight
+        built = []
+        for entry, context in zip(owners, contexts):
           key = entry.key
-          in_flight.append(
-            (
-              entry.key,
-              backend.materialize(plan.source.lease(entry.source_key), contexts[entry.key]),
-            )
+          built.append(
+            backend.materialize(plan.source.lease(entry.source_key), context)
+            if entry.kind == "direct"
+            else backend.materialize_recipe(entry.recipe, plan.source, context)
           )
-      for entry in owners:  # in flight together, bounded by the shared host-memory budget
-        if entry.kind == "direct":
-          continue
+      for entry, m in zip(owners, built):
         key = entry.key
-        in_flight.append(
-          (entry.key, backend.materialize_recipe(entry.recipe, plan.source, contexts[entry.key]))
-        )
-      base.drain()
-      for key, m in in_flight:
-        weights[key] = backend.finish_materialization(m)
+        weights[entry.key] = backend.finish_materialization(m)
       for entry in plan.entries:
         if entry.kind == "alias":
           key = entry.key
@@ -251,7 +254,7 @@ def restore(
   target: Any,
   source: Any,
   *,
-  max_inflight_bytes: int = 1 << 30,
+  max_inflight_bytes: int | None = None,
   progress: bool = False,
   backend: Any = None,
   **plan_kwargs: Any,

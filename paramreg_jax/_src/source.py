@@ -151,6 +151,15 @@ class BaseSource:
     """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
     return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
 
+  def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
+    """The smallest box the storage serves that holds ``box`` (chunk- or row-aligned).
+
+    Reading the widened box costs no more bytes than reading ``box`` itself, and the part
+    other shards need comes with it; the default (memory) serves any box as it is.
+    """
+    del key
+    return box
+
   # -- shared ------------------------------------------------------------------------------
   @property
   def stats(self) -> SourceStats:

@@ -1,5 +1,6 @@
 """Derived-weight recipes: declarative rename/transpose/split/stack/cast/view of checkpoint tensors."""
 
+from paramreg_jax._src.backend import evaluate
 from paramreg_jax._src.errors import AliasError
 from paramreg_jax._src.errors import ByteCountMismatchError
 from paramreg_jax._src.errors import DtypeMismatchError
@@ -18,7 +19,6 @@ from paramreg_jax._src.errors import SelectionError
 from paramreg_jax._src.errors import UnknownSourceKeyError
 from paramreg_jax._src.errors import UnsupportedDtypeError
 from paramreg_jax._src.errors import ZeroSizedOutputError
-from paramreg_jax._src.recipes.evaluate import evaluate
 from paramreg_jax._src.recipes.ops import Recipe
 from paramreg_jax._src.recipes.ops import cast
 from paramreg_jax._src.recipes.ops import concatenate

@@ -282,6 +282,15 @@ class OrbaxSource(source_lib.BaseSource):
       extent *= last - first
     return extent * meta.dtype.itemsize
 
+  def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
+    """``box`` widened to whole storage chunks (tensorstore decodes whole chunks anyway)."""
+    meta, _, chunk = self._entries[key]
+    if not chunk or len(chunk) != len(meta.shape):
+      return box
+    return tuple(
+      ((a // c) * c, min(-(-b // c) * c, dim)) for (a, b), c, dim in zip(box, chunk, meta.shape)
+    )
+
   def chunk_shape(self, key: str) -> tuple[int, ...] | None:
     """The storage chunk shape of ``key`` (the unit of physical reads), if known."""
     self.metadata(key)

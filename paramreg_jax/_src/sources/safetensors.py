@@ -333,6 +333,12 @@ class SafetensorsSource(source_lib.BaseSource):
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     return self._where[key].read(key, region)
 
+  def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
+    """``box`` widened to whole rows (leading-axis slices): a tensor is row-major in its file,
+    so a column block costs the rows it crosses, and they serve every column block at once."""
+    shape = self.metadata(key).shape
+    return box[:1] + tuple((0, d) for d in shape[1:]) if box else box
+
   def shard_of(self, key: str) -> pathlib.Path:
     """The file that holds ``key``."""
     if key not in self._where:

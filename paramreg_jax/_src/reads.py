@@ -1,0 +1,141 @@
+"""Which bytes to read: the shard programs' boxes become storage-aligned blocks, in windows.
+
+A device's shard needs a few boxes of stored tensors (:mod:`recipes.compiler`). The storage
+serves bytes in larger units: an orbax array in chunks, a safetensors tensor in whole rows (its
+bytes are row-major in one file). So each box is widened to its storage granule
+(``source.storage_box``), and the widened boxes of one tensor that overlap are merged into one
+*block*. A chunk several shards need is then read once per process and sliced for each of them
+(an unsharded orbax array restored over 8 devices reads its single chunk once, not 8 times; a
+column-sharded kernel over row-chunked storage reads each row chunk once).
+
+Blocks are grouped into *windows* of at most ``window_bytes`` (one program alone may exceed it:
+its blocks are then a window of their own). The backend reads one window while the previous
+one's shards are built, so host memory holds at most two windows of source bytes besides the
+restored arrays themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src.recipes import compiler
+
+
+def intersects(a: sel_lib.Region, b: sel_lib.Region) -> bool:
+  return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
+
+
+def contains(outer: sel_lib.Region, inner: sel_lib.Region) -> bool:
+  return all(lo1 <= lo2 and hi2 <= hi1 for (lo1, hi1), (lo2, hi2) in zip(outer, inner))
+
+
+def bounding(a: sel_lib.Region, b: sel_lib.Region) -> sel_lib.Region:
+  return tuple((min(lo1, lo2), max(hi1, hi2)) for (lo1, hi1), (lo2, hi2) in zip(a, b))
+
+
+def box_bytes(box: sel_lib.Region, itemsize: int) -> int:
+  return math.prod(b - a for a, b in box) * itemsize
+
+
+def merge(blocks: list[sel_lib.Region], box: sel_lib.Region) -> list[sel_lib.Region]:
+  """``blocks`` (pairwise disjoint) with ``box`` added: every block it overlaps is merged into
+  their bounding box, repeatedly, so the result is again pairwise disjoint."""
+  if any(contains(b, box) for b in blocks):
+    return blocks
+  rest = list(blocks)
+  while True:
+    hit = next((i for i, b in enumerate(rest) if intersects(b, box)), None)
+    if hit is None:
+      return [*rest, box]
+    box = bounding(box, rest.pop(hit))
+
+
+@dataclasses.dataclass
+class Task:
+  """One distinct shard of one weight: its program and the devices that hold it."""
+
+  weight: int
+  devices: list[Any]
+  program: compiler.ShardProgram
+
+
+@dataclasses.dataclass
+class Window:
+  """Shard tasks whose blocks are read together: ``{key: [block box, ...]}``."""
+
+  tasks: list[Task] = dataclasses.field(default_factory=list)
+  blocks: dict[str, list[sel_lib.Region]] = dataclasses.field(default_factory=dict)
+  nbytes: int = 0
+
+  def requests(self) -> list[tuple[str, sel_lib.Region]]:
+    """The blocks as ``(key, box)`` read requests, in first-use order."""
+    return [(key, box) for key, boxes in self.blocks.items() for box in boxes]
+
+  def view(
+    self, blocks: dict[tuple[str, sel_lib.Region], np.ndarray], read: compiler.Read
+  ) -> np.ndarray:
+    """The buffer of ``read``: the block holding it (every read is in exactly one), or a view
+    of it."""
+    box = next(b for b in self.blocks[read.key] if contains(b, read.box))
+    block = blocks[read.key, box]
+    if box == read.box:
+      return block
+    return block[tuple(slice(a - a0, b - a0) for (a, b), (a0, _) in zip(read.box, box))]
+
+
+def _with(
+  window: Window, program: compiler.ShardProgram, source: Any, itemsize: dict[str, int]
+) -> tuple[dict[str, list[sel_lib.Region]], int]:
+  """The window's blocks and byte count if ``program``'s reads were added."""
+  blocks = dict(window.blocks)
+  total = window.nbytes
+  for read in program.reads:
+    before = blocks.get(read.key, [])
+    after = merge(before, source.storage_box(read.key, read.box))
+    if after is not before:
+      size = itemsize[read.key]
+      total += sum(box_bytes(b, size) for b in after) - sum(box_bytes(b, size) for b in before)
+      blocks[read.key] = after
+  return blocks, total
+
+
+def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Window]:
+  """Packs ``tasks`` in order into windows of at most ``window_bytes`` of blocks.
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax import recipes as R
+    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax._src import reads
+    >>> from paramreg_jax._src.recipes import compiler
+    >>> src = MemorySource({"w": np.zeros((4, 4), np.float32)})
+    >>> r = R.source("w")
+    >>> metas = compiler.infer_all(r, src)
+    >>> halves = [((0, 4), (0, 2)), ((0, 4), (2, 4)), ((0, 4), (1, 3))]
+    >>> tasks = [reads.Task(0, [], compiler.compile_shard(r, metas, h)) for h in halves]
+    >>> [w.blocks for w in reads.windows(tasks, src, 1 << 20)]  # the middle box joins both
+    [{'w': [((0, 4), (0, 4))]}]
+  """
+  itemsize = {}
+  out: list[Window] = []
+  current = Window()
+  for task in tasks:
+    for read in task.program.reads:
+      if read.key not in itemsize:
+        itemsize[read.key] = np.dtype(source.metadata(read.key).dtype).itemsize
+    blocks, total = _with(current, task.program, source, itemsize)
+    if current.tasks and total > window_bytes:
+      out.append(current)
+      current = Window()
+      blocks, total = _with(current, task.program, source, itemsize)
+    current.tasks.append(task)
+    current.blocks, current.nbytes = blocks, total
+  if current.tasks:
+    out.append(current)
+  return out
