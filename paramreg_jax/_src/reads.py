@@ -130,7 +130,7 @@ def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Windo
       if read.key not in itemsize:
         itemsize[read.key] = np.dtype(source.metadata(read.key).dtype).itemsize
     blocks, total = _with(current, task.program, source, itemsize)
-    if current.tasks and total > window_bytes:
+    if current.tasks and total > window_bytes and total > current.nbytes:
       out.append(current)
       current = Window()
       blocks, total = _with(current, task.program, source, itemsize)

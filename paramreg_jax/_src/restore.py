@@ -97,7 +97,7 @@ def materialize(
     max_inflight_bytes: source bytes the host may hold at once besides the restored arrays.
       Peak host memory during the call stays within the restored arrays plus
       ``max(max_inflight_bytes, the blocks one shard needs)``. Default
-      (``None``): 1/16 of the memory available, between 16 and 128 MiB.
+      (``None``): 1/64 of the memory available, between 4 and 16 MiB.
     progress: show a tqdm bar (bytes, rate) that works in notebooks and terminals.
 
   Returns:

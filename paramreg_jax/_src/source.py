@@ -151,6 +151,11 @@ class BaseSource:
     """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
     return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
 
+  def prepare(self, keys: Sequence[str]) -> None:
+    """Called once before reading ``keys``: a source may open them all at once (orbax does,
+    concurrently). The default does nothing."""
+    del keys
+
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """The smallest box the storage serves that holds ``box`` (chunk- or row-aligned).
 

@@ -194,6 +194,12 @@ class OrbaxSource(source_lib.BaseSource):
       raise self.unknown_key(key)
     return entry[0]
 
+  def prepare(self, keys: Any) -> None:
+    """Opens the tensorstores of ``keys`` concurrently (opening dominates small arrays)."""
+    for key in keys:
+      self.metadata(key)
+    self._open(keys)
+
   def _store(self, key: str) -> Any:
     return self._open([key])[key]
 
@@ -207,7 +213,11 @@ class OrbaxSource(source_lib.BaseSource):
         from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
 
         if self._context is None:
-          self._context = tsu.get_ts_context(use_ocdbt=self._use_ocdbt)
+          # orbax's context, with twice the cores for decoding and copying: measured 25% faster
+          # reads than its default of one thread per core (README benchmark notes)
+          self._context = tsu.get_ts_context(
+            use_ocdbt=self._use_ocdbt, data_copy_concurrency_limit=2 * (os.cpu_count() or 1)
+          )
         futures = {
           k: ts.open(
             tsu.ArrayReadSpec(
@@ -252,13 +262,14 @@ class OrbaxSource(source_lib.BaseSource):
 
   def _issue(self, stores: dict[str, Any], requests: Any) -> list[tuple[np.ndarray, Any]]:
     """Starts every read straight into a 64-byte aligned buffer (``jax.device_put`` on CPU
-    then adopts the buffer instead of copying it)."""
+    then adopts the buffer instead of copying it); tensorstore decodes them concurrently."""
     import tensorstore as ts
 
     issued = []
     for key, region in requests:
       out = source_lib.aligned_empty(sel_lib.region_shape(region), self._entries[key][0].dtype)
-      issued.append((out, ts.array(out).write(stores[key][sel_lib.region_slices(region)])))
+      fut = ts.array(out).write(stores[key][sel_lib.region_slices(region)])
+      issued.append((out, fut))
     return issued
 
   def _read_unaccounted(self, requests: Any) -> list[np.ndarray]:
