@@ -368,7 +368,10 @@ def test_restore_into_other_layouts(sharded_checkpoint, layout):
   else:
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[5])
   src = OrbaxSource(path)
-  out = prj.restore({"w": sds((64, 16), sharding=sharding)}, src)
+  # shard by shard, as every weight above JaxBackend's whole_bytes (256 KiB) is built
+  out = prj.restore(
+    {"w": sds((64, 16), sharding=sharding)}, src, backend=prj.JaxBackend(whole_bytes=0)
+  )
   assert out["w"].sharding == sharding
   np.testing.assert_array_equal(np.asarray(out["w"]), value)
   for shard in out["w"].addressable_shards:
@@ -381,6 +384,28 @@ def test_restore_into_other_layouts(sharded_checkpoint, layout):
     assert src.stats.reads == 1 and src.stats.bytes_read == value.nbytes
 
 
+@pytest.mark.parametrize("saved", ["unsharded", "rows"])
+def test_a_chunk_is_read_once_per_process(tmp_path, saved):
+  """An orbax array saved as one chunk restored over 8 devices, or saved in row chunks and
+  restored column-sharded: every shard needs every chunk, each chunk is read once."""
+  mesh = jax.make_mesh((8,), ("x",))
+  value = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+  save_sharding = (
+    jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if saved == "unsharded"
+    else NamedSharding(mesh, P("x", None))
+  )
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(tmp_path / "c", {"w": jax.device_put(value, save_sharding)})
+  ckpt.wait_until_finished()
+  src = OrbaxSource(tmp_path / "c")
+  spec = P("x", None) if saved == "unsharded" else P(None, "x")
+  target = {"w": sds(value.shape, sharding=NamedSharding(mesh, spec))}
+  out = prj.restore(target, src, backend=prj.JaxBackend(whole_bytes=0))
+  np.testing.assert_array_equal(np.asarray(out["w"]), value)
+  assert src.stats.bytes_read == value.nbytes  # was 8x: each shard read the whole chunk
+
+
 def test_each_device_reads_only_its_region_through_a_transposing_recipe():
   mesh = jax.make_mesh((8,), ("x",))
   stored = np.arange(16 * 64, dtype=np.float32).reshape(16, 64)  # [out, in]
@@ -388,9 +413,25 @@ def test_each_device_reads_only_its_region_through_a_transposing_recipe():
   target = {
     "kernel": sds((64, 16), sharding=NamedSharding(mesh, P("x", None)))
   }  # [in, out], rows sharded
-  out = prj.restore(target, src, recipes={"kernel": R.transpose(R.source("w"), (1, 0))})
+  recipes = {"kernel": R.transpose(R.source("w"), (1, 0))}
+  out = prj.restore(target, src, recipes=recipes, backend=prj.JaxBackend(whole_bytes=0))
   np.testing.assert_array_equal(np.asarray(out["kernel"]), stored.T)
   assert src.stats.reads == 8 and src.stats.bytes_read == stored.nbytes  # 8 disjoint column blocks
+
+
+def test_small_weights_are_built_whole_and_sharded_by_device_put():
+  mesh = jax.make_mesh((4, 2), ("x", "y"))
+  stored = np.arange(16 * 64, dtype=np.float32).reshape(16, 64)
+  sharding = NamedSharding(mesh, P("x", "y"))
+  src = MemorySource({"w": stored})
+  target = {"kernel": sds((64, 16), sharding=sharding)}
+  out = prj.restore(target, src, recipes={"kernel": R.transpose(R.source("w"), (1, 0))})
+  assert out["kernel"].sharding == sharding
+  for shard in out["kernel"].addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), stored.T[shard.index])
+  assert src.stats.reads == 1 and src.stats.bytes_read == stored.nbytes
+  with pytest.raises(ValueError, match="whole_bytes"):
+    prj.JaxBackend(whole_bytes=-1)
 
 
 def test_bounded_host_memory_budget_still_restores_everything():

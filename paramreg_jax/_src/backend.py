@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -155,6 +156,10 @@ class JaxBackend:
   Args:
     threads: host threads that build shards (strided copies release the GIL); default: the
       number of cores, at most 8.
+    whole_bytes: a weight up to this size that spans several of this process's devices is
+      built whole on the host and sharded by one ``jax.device_put`` (faster than a call per
+      shard for small tensors: 10,000 [64, 64] tensors over 8 devices, 11x). ``0`` builds
+      every weight shard by shard.
 
   Examples:
     >>> import jax, numpy as np
@@ -171,12 +176,15 @@ class JaxBackend:
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
   """
 
-  def __init__(self, threads: int | None = None):
+  def __init__(self, threads: int | None = None, whole_bytes: int = 1 << 18):
     if threads is None:
       threads = max(1, min(8, os.cpu_count() or 1))
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
       raise ValueError(f"JaxBackend(threads=...) must be a positive int, got {threads!r}")
+    if not isinstance(whole_bytes, int) or isinstance(whole_bytes, bool) or whole_bytes < 0:
+      raise ValueError(f"JaxBackend(whole_bytes=...) must be an int >= 0, got {whole_bytes!r}")
     self.threads = threads
+    self.whole_bytes = whole_bytes
 
   def preflight_recipe(self, recipe: ops.Recipe, source: Any) -> None:
     """Metadata-only: the recipe infers, and JAX can hold its dtype as it is."""
@@ -213,9 +221,13 @@ class JaxBackend:
       return []
     first = requests[0][1]
     budget = first.max_inflight_bytes or default_max_inflight_bytes()
-    tasks = [task for i, request in enumerate(requests) for task in _tasks(i, request, source)]
+    tasks = [
+      task
+      for i, request in enumerate(requests)
+      for task in _tasks(i, request, source, self.whole_bytes)
+    ]
     windows = reads_lib.windows(tasks, source, max(1, budget // _DEPTH))
-    shards: list[list[jax.Array]] = [[] for _ in requests]
+    shards: list[list[jax.Array] | jax.Array] = [[] for _ in requests]
     keys = [context.key for _, context in requests]
     if hasattr(source, "prepare"):
       source.prepare(sorted({read.key for task in tasks for read in task.program.reads}))
@@ -230,7 +242,8 @@ class JaxBackend:
     def read_ahead() -> None:  # keep the reader busy, with at most _DEPTH windows alive
       nonlocal submitted
       while submitted < len(windows) and submitted - released < _DEPTH:
-        reading.append(reader.submit(_read, source, windows[submitted], keys, first.on_bytes))
+        finish = _start_read(source, windows[submitted], keys, first.on_bytes)
+        reading.append(reader.submit(finish))
         submitted += 1
 
     try:
@@ -254,13 +267,7 @@ class JaxBackend:
       raise
     reader.shutdown(wait=True)
     pool.shutdown(wait=True)
-    return [
-      Materialization(
-        context.key,
-        jax.make_array_from_single_device_arrays(tuple(context.shape), context.sharding, shards[i]),
-      )
-      for i, (_, context) in enumerate(requests)
-    ]
+    return [_assemble(context, parts) for (_, context), parts in zip(requests, shards)]
 
   def materialized_weight(self, materialization: Materialization) -> jax.Array:
     return materialization.weight
@@ -307,7 +314,10 @@ class JaxBackend:
 
 
 def _tasks(
-  index: int, request: tuple[ops.Recipe, MaterializationContext], source: Any
+  index: int,
+  request: tuple[ops.Recipe, MaterializationContext],
+  source: Any,
+  whole_bytes: int,
 ) -> list[Any]:
   """One compiled task per distinct box of the weight that this process's devices hold."""
   recipe, context = request
@@ -323,8 +333,14 @@ def _tasks(
       f"{shape} {dtype.name}",
       context.key,
     )
+  sharding = context.sharding
+  if (
+    len(sharding.device_set) > 1 and sharding.is_fully_addressable and meta.nbytes <= whole_bytes
+  ):  # one host build and one device_put beat a Python-level call per shard
+    full = sel_lib.full_region(shape)
+    return [reads_lib.Task(index, [], compiler.compile_shard(recipe, metas, full), sharding)]
   by_region: dict[sel_lib.Region, list[Any]] = {}
-  for device, index_ in context.sharding.addressable_devices_indices_map(shape).items():
+  for device, index_ in sharding.addressable_devices_indices_map(shape).items():
     region = sel_lib.normalize_index(index_, shape, where=context.key)
     by_region.setdefault(region, []).append(device)
   tasks = [
@@ -339,6 +355,16 @@ def _tasks(
   )
 
 
+def _assemble(
+  context: MaterializationContext, parts: list[jax.Array] | jax.Array
+) -> Materialization:
+  """The global array of one weight from its device buffers (or as built whole)."""
+  if isinstance(parts, jax.Array):
+    return Materialization(context.key, parts)
+  array = jax.make_array_from_single_device_arrays(tuple(context.shape), context.sharding, parts)
+  return Materialization(context.key, array)
+
+
 def _culprit(window: reads_lib.Window, keys: list[str], source_key: str | None) -> str:
   """The target key of the first task in ``window`` that reads ``source_key``."""
   for task in window.tasks:
@@ -347,13 +373,24 @@ def _culprit(window: reads_lib.Window, keys: list[str], source_key: str | None) 
   return keys[window.tasks[0].weight]
 
 
-def _read(
+def _start_read(
   source: Any, window: reads_lib.Window, keys: list[str], on_bytes: Callable[[int], None] | None
-) -> dict[tuple[str, sel_lib.Region], np.ndarray]:
-  """Every block of ``window``, read in one call (orbax overlaps them)."""
+) -> Callable[[], dict[tuple[str, sel_lib.Region], np.ndarray]]:
+  """Issues the reads of every block of ``window`` (orbax starts decoding now); the returned
+  function waits for them (in the reader thread)."""
   requests = window.requests()
+  if hasattr(source, "start_reads"):
+    finish = _named(lambda: source.start_reads(requests), window, keys)
+  else:  # any CheckpointSource: read_many when finished
+    finish = functools.partial(source.read_many, requests)
+  return functools.partial(_read, finish, source, window, keys, on_bytes, requests)
+
+
+def _named(call: Callable[[], Any], window: reads_lib.Window, keys: list[str]) -> Any:
+  """``call()``, with a source error turned into a ``MaterializationError`` naming the weight
+  whose read failed (and an interrupt noted with it)."""
   try:
-    values = source.read_many(requests)
+    return call()
   except errors.SourceIOError as e:
     culprit = _culprit(window, keys, e.key)
     raise errors.MaterializationError(f"{culprit}: {e}", culprit) from e
@@ -362,6 +399,18 @@ def _read(
     if hasattr(e, "add_note"):
       e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
     raise
+
+
+def _read(
+  finish: Callable[[], list[np.ndarray]],
+  source: Any,
+  window: reads_lib.Window,
+  keys: list[str],
+  on_bytes: Callable[[int], None] | None,
+  requests: list[tuple[str, sel_lib.Region]],
+) -> dict[tuple[str, sel_lib.Region], np.ndarray]:
+  """Every block of ``window``, checked, by ``(key, box)``."""
+  values = _named(finish, window, keys)
   out = {}
   for (key, box), value in zip(requests, values):
     want, dtype = sel_lib.region_shape(box), np.dtype(source.metadata(key).dtype)
@@ -420,22 +469,26 @@ def _build(
 def _hand_over(
   window: reads_lib.Window,
   builds: list[Any],
-  shards: list[list[jax.Array]],
+  shards: list[list[jax.Array] | jax.Array],
   transferring: list[jax.Array],
 ) -> list[jax.Array]:
   """Puts a built window on its devices (one batched call) once the previous window's
-  transfers finished, so at most one window of host buffers waits on transfers."""
+  transfers finished, so at most one window of host buffers waits on transfers. ``shards``
+  gets each weight's device buffers, or the whole array of a weight built whole."""
   hosts, devices, owners = [], [], []
   for task, build in zip(window.tasks, builds):
     host = build.result()
-    for device in task.devices:
+    for device in [task.whole] if task.whole is not None else task.devices:
       hosts.append(host)  # a replicated shard: one host buffer, several devices
       devices.append(device)
       owners.append(task.weight)
   jax.block_until_ready(transferring)
   put = jax.device_put(hosts, devices)
-  for weight, array in zip(owners, put):
-    shards[weight].append(array)
+  for weight, array, task_device in zip(owners, put, devices):
+    if isinstance(task_device, jax.sharding.Sharding):
+      shards[weight] = array
+    else:
+      shards[weight].append(array)  # type: ignore[union-attr]
   return put
 
 

@@ -17,8 +17,8 @@ Two defences, both here:
   threads (``PJRT_NPROC``), before jax creates its CPU client. The demo, the notebooks and
   the test suite use it.
 * :func:`settle` waits for a multi-device array on the CPU backend, so the library itself
-  (``materialize``'s device transforms, ``reconcile``'s resharding) never has more than one
-  of its collective programs in flight, whatever the pool size.
+  (``reconcile``'s resharding, the demo's steps; ``materialize`` runs no XLA program) never
+  has more than one of its collective programs in flight, whatever the pool size.
 """
 
 from __future__ import annotations

@@ -58,11 +58,25 @@ def merge(blocks: list[sel_lib.Region], box: sel_lib.Region) -> list[sel_lib.Reg
 
 @dataclasses.dataclass
 class Task:
-  """One distinct shard of one weight: its program and the devices that hold it."""
+  """One distinct shard of one weight: its program and the devices that hold it.
+
+  ``whole`` is set instead of ``devices`` for a small weight built whole on the host and
+  handed to ``jax.device_put(value, whole)`` in one call (jax slices it in C++).
+  """
 
   weight: int
   devices: list[Any]
   program: compiler.ShardProgram
+  whole: Any = None
+
+  @property
+  def on_host(self) -> bool:
+    """Whether the shard's devices are CPU devices that adopt its buffer (host memory: a block
+    handed over as the shard *is* restored memory, not extra). A weight built whole is sliced
+    by ``jax.device_put``, so its block is transient."""
+    return (
+      self.whole is None and bool(self.devices) and all(d.platform == "cpu" for d in self.devices)
+    )
 
 
 @dataclasses.dataclass
@@ -71,7 +85,8 @@ class Window:
 
   tasks: list[Task] = dataclasses.field(default_factory=list)
   blocks: dict[str, list[sel_lib.Region]] = dataclasses.field(default_factory=dict)
-  nbytes: int = 0
+  nbytes: int = 0  # what the budget counts: blocks that are not handed over as CPU shards
+  handed: frozenset[tuple[str, sel_lib.Region]] = frozenset()
 
   def requests(self) -> list[tuple[str, sel_lib.Region]]:
     """The blocks as ``(key, box)`` read requests, in first-use order."""
@@ -90,19 +105,36 @@ class Window:
 
 
 def _with(
-  window: Window, program: compiler.ShardProgram, source: Any, itemsize: dict[str, int]
-) -> tuple[dict[str, list[sel_lib.Region]], int]:
-  """The window's blocks and byte count if ``program``'s reads were added."""
+  window: Window, task: Task, source: Any, itemsize: dict[str, int]
+) -> tuple[dict[str, list[sel_lib.Region]], int, frozenset[tuple[str, sel_lib.Region]]]:
+  """The window's blocks, counted bytes and handed-over blocks if ``task`` were added.
+
+  A block that a CPU shard receives as it is read costs nothing beyond the restored arrays,
+  so it is not counted (an orbax checkpoint saved with the target's sharding is then read
+  with every chunk in flight); on accelerators every block is host memory in transit.
+  """
+  handoff = task.program.handoff
+  handed = window.handed
+  if handoff is not None and task.on_host:
+    if source.storage_box(handoff.key, handoff.box) == handoff.box:
+      handed = handed | {(handoff.key, handoff.box)}
+
+  def counted(key: str, boxes: list[sel_lib.Region]) -> int:
+    return sum(box_bytes(b, itemsize[key]) for b in boxes if (key, b) not in handed)
+
   blocks = dict(window.blocks)
   total = window.nbytes
-  for read in program.reads:
-    before = blocks.get(read.key, [])
-    after = merge(before, source.storage_box(read.key, read.box))
-    if after is not before:
-      size = itemsize[read.key]
-      total += sum(box_bytes(b, size) for b in after) - sum(box_bytes(b, size) for b in before)
-      blocks[read.key] = after
-  return blocks, total
+  for key in dict.fromkeys(read.key for read in task.program.reads):
+    before = blocks.get(key, [])
+    after = before
+    for read in task.program.reads:
+      if read.key == key:
+        after = merge(after, source.storage_box(key, read.box))
+    total += counted(key, after) - counted(key, before) if handed is window.handed else 0
+    blocks[key] = after
+  if handed is not window.handed:  # recount: a handed block may also be another's input
+    total = sum(counted(key, boxes) for key, boxes in blocks.items())
+  return blocks, total, handed
 
 
 def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Window]:
@@ -129,13 +161,13 @@ def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Windo
     for read in task.program.reads:
       if read.key not in itemsize:
         itemsize[read.key] = np.dtype(source.metadata(read.key).dtype).itemsize
-    blocks, total = _with(current, task.program, source, itemsize)
+    blocks, total, handed = _with(current, task, source, itemsize)
     if current.tasks and total > window_bytes and total > current.nbytes:
       out.append(current)
       current = Window()
-      blocks, total = _with(current, task.program, source, itemsize)
+      blocks, total, handed = _with(current, task, source, itemsize)
     current.tasks.append(task)
-    current.blocks, current.nbytes = blocks, total
+    current.blocks, current.nbytes, current.handed = blocks, total, handed
   if current.tasks:
     out.append(current)
   return out

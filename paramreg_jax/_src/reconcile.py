@@ -172,28 +172,94 @@ def reconcile(
   _check_option("on_missing", on_missing, ("init", "error"))
   _check_option("on_unexpected", on_unexpected, ("drop", "error"))
   _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init"))
+  # the data flow: where the new state keeps what -> what the old state has -> compare ->
+  # refuse (all problems at once, nothing changed) -> assemble the new state and the report
+  layout = _new_layout(inner, params, by)
+  old = _read_old_state(_optimizer_state(state), layout.prefixes, rename)
+  diff = _compare(layout, old)
+  _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
+  return _assemble(inner, params, layout, old, diff), diff.report(old.renamed)
 
+
+Slot = tuple[Path, str]  # (mirror prefix in the state, parameter key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Where the optimizer keeps what for the new parameters: ``tx.init``'s abstract state."""
+
+  abstract: Any
+  index: keyed_lib.ParamIndex
+  prefixes: list[Path]  # the state's subtrees that mirror the parameters, longest first
+  leaves: list[tuple[Path, Any]]  # (path in the state, ShapeDtypeStruct)
+  slots: dict[Path, Slot | None]  # per-parameter leaves; None for counts, hyperparameters
+
+  @property
+  def keys(self) -> set[str]:
+    return {slot[1] for slot in self.slots.values() if slot is not None}
+
+
+def _new_layout(
+  inner: optax.GradientTransformation, params: Any, by: Literal["name", "position"]
+) -> _Layout:
   abstract = jax.eval_shape(inner.init, params)
   index = keyed_lib.ParamIndex.of(params, by)
   prefixes = sorted(
     (prefix for prefix, _, _ in keyed_lib.mirrors(abstract, index)), key=len, reverse=True
   )
-  fresh_flat = keyed_lib.state_leaves(abstract)
-  fresh_slots = {comps: keyed_lib.slot_key(comps, prefixes) for comps, _ in fresh_flat}
-  old_slots, old_plain, renamed = _old_state(_optimizer_state(state), prefixes, rename)
+  leaves = keyed_lib.state_leaves(abstract)
+  slots = {comps: keyed_lib.slot_key(comps, prefixes) for comps, _ in leaves}
+  return _Layout(abstract, index, prefixes, leaves, slots)
 
-  old_keys = {key for _, key in old_slots}
-  fresh_keys = {slot[1] for slot in fresh_slots.values() if slot is not None}
+
+@dataclasses.dataclass(frozen=True)
+class _OldState:
+  """The old state's leaves: per-parameter ones by (prefix, renamed key), the rest by path."""
+
+  slots: dict[Slot, Any]
+  plain: dict[Path, Any]
+  renamed: tuple[tuple[str, str], ...]
+
+  @property
+  def keys(self) -> set[str]:
+    return {key for _, key in self.slots}
+
+
+@dataclasses.dataclass
+class _Diff:
+  """What differs between the old state and the new layout."""
+
+  added: list[str]
+  dropped: list[str]
+  kept: set[str]
+  mismatched: dict[str, list[str]]  # key -> one line per state leaf that changed
+  moved: set[str]  # keys whose state exists, but not in every place the new optimizer needs
+  needs_init: set[Path]  # leaves of the new state that tx.init must provide
+  optimizer_problems: list[str]  # non-parameter state that does not match
+
+  def report(self, renamed: tuple[tuple[str, str], ...]) -> SurgeryReport:
+    reinit = set(self.mismatched) | self.moved
+    return SurgeryReport(
+      kept=tuple(sorted(self.kept - reinit)),
+      added=tuple(self.added),
+      dropped=tuple(self.dropped),
+      reinitialized=tuple(sorted(reinit)),
+      renamed=renamed,
+    )
+
+
+def _compare(layout: _Layout, old: _OldState) -> _Diff:
+  old_keys, new_keys = old.keys, layout.keys
   problems: list[str] = []
   mismatched: dict[str, list[str]] = {}
   needs_init: set[Path] = set()
   moved: set[str] = set()
-  for comps, sds in fresh_flat:
+  for comps, sds in layout.leaves:
     want = (tuple(sds.shape), sds.dtype)
-    slot = fresh_slots[comps]
+    slot = layout.slots[comps]
     if slot is not None:
       prefix, key = slot
-      have = old_slots.get(slot)
+      have = old.slots.get(slot)
       if have is None:
         needs_init.add(comps)
         if key in old_keys:
@@ -204,56 +270,76 @@ def reconcile(
           f"parameters need {_fmt(want)}"
         )
       continue
-    have = old_plain.get(comps)
+    have = old.plain.get(comps)
     if have is None:
       problems.append(f"{'/'.join(comps)}: missing from the old state (the optimizer changed?)")
     elif _spec(have) != want:
       problems.append(
         f"{'/'.join(comps)}: old state has {_fmt(_spec(have))}, the optimizer now needs {_fmt(want)}"
       )
+  if problems and not old_keys & new_keys and old.plain.keys().isdisjoint(layout.slots):
+    seen = sorted("/".join(c) for c in old.plain)[:3]
+    problems.append(
+      f"no entry of the old state is where the optimizer keeps one (it has {', '.join(seen)}, "
+      f"...; the optimizer builds {', '.join('/'.join(c) for c, _ in layout.leaves[:3])}, ...): "
+      "pass the optax state itself, built by this optimizer"
+    )
+  # a re-initialised key gets fresh state in every leaf it owns
+  needs_init |= {
+    c for c, slot in layout.slots.items() if slot is not None and slot[1] in mismatched
+  }
+  return _Diff(
+    added=sorted(new_keys - old_keys),
+    dropped=sorted(old_keys - new_keys),
+    kept=new_keys & old_keys,
+    mismatched=mismatched,
+    moved=moved,
+    needs_init=needs_init,
+    optimizer_problems=problems,
+  )
 
-  added = sorted(fresh_keys - old_keys)
-  dropped = sorted(old_keys - fresh_keys)
+
+def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch: str) -> None:
+  """Raises one ``ReconcileError`` listing every refused difference (nothing is changed)."""
+  problems = list(diff.optimizer_problems)
   if problems:
     problems.insert(0, "non-parameter state (counts, hyperparameters) does not match:")
-    if not old_keys & fresh_keys and old_plain.keys().isdisjoint(c for c, _ in fresh_flat):
-      seen = sorted("/".join(c) for c in old_plain)[:3]
-      problems.append(
-        f"no entry of the old state is where the optimizer keeps one (it has {', '.join(seen)}, "
-        f"...; the optimizer builds {', '.join('/'.join(c) for c, _ in fresh_flat[:3])}, ...): "
-        "pass the optax state itself, built by this optimizer"
-      )
-  if on_missing == "error" and added:
+  if on_missing == "error" and diff.added:
     problems.append(
-      f"{len(added)} new parameter(s) have no state (on_missing='error'): {', '.join(added)}"
+      f"{len(diff.added)} new parameter(s) have no state (on_missing='error'): "
+      f"{', '.join(diff.added)}"
     )
-  if on_unexpected == "error" and dropped:
+  if on_unexpected == "error" and diff.dropped:
     problems.append(
-      f"{len(dropped)} state key(s) have no parameter (on_unexpected='error'): {', '.join(dropped)}"
+      f"{len(diff.dropped)} state key(s) have no parameter (on_unexpected='error'): "
+      f"{', '.join(diff.dropped)}"
     )
-  if on_shape_mismatch == "error" and mismatched:
+  if on_shape_mismatch == "error" and diff.mismatched:
     problems.append(
-      f"{len(mismatched)} parameter(s) changed shape or dtype; pass on_shape_mismatch='init' to "
-      "re-initialise their state, or fix the model:"
+      f"{len(diff.mismatched)} parameter(s) changed shape or dtype; pass "
+      "on_shape_mismatch='init' to re-initialise their state, or fix the model:"
     )
-    problems.extend("  " + line for key in sorted(mismatched) for line in mismatched[key])
+    problems.extend("  " + line for key in sorted(diff.mismatched) for line in diff.mismatched[key])
   if problems:
     raise errors.ReconcileError(
       "cannot reconcile the optimizer state with the new parameters; nothing was changed:"
       + errors.bullet_list(problems)
     )
 
-  reinit_keys = set(mismatched) | moved
-  needs_init |= {c for c, slot in fresh_slots.items() if slot is not None and slot[1] in mismatched}
-  fresh_values = dict(keyed_lib.state_leaves(inner.init(params))) if needs_init else {}
-  placement = _param_shardings(params, index)
+
+def _assemble(
+  inner: optax.GradientTransformation, params: Any, layout: _Layout, old: _OldState, diff: _Diff
+) -> Any:
+  """The new state: kept leaves bit-exact (on their parameter's placement), the rest fresh."""
+  fresh = dict(keyed_lib.state_leaves(inner.init(params))) if diff.needs_init else {}
+  placement = _param_shardings(params, layout.index)
   leaves = []
-  for comps, _ in fresh_flat:
-    if comps in needs_init:
-      leaves.append(fresh_values[comps])
+  for comps, _ in layout.leaves:
+    if comps in diff.needs_init:
+      leaves.append(fresh[comps])
       continue
-    slot = fresh_slots[comps]
-    kept = old_slots[slot] if slot is not None else old_plain[comps]
+    slot = layout.slots[comps]
+    kept = old.slots[slot] if slot is not None else old.plain[comps]
     kept = kept if isinstance(kept, jax.Array) else jnp.asarray(kept)
     # State that mirrors a parameter follows it to its (possibly new) mesh, bit-exact.
     param = placement.get(slot[1]) if slot is not None else None
@@ -261,16 +347,8 @@ def reconcile(
       if not kept.sharding.is_equivalent_to(param[1], kept.ndim):
         kept = devices_lib.settle(jax.device_put(kept, param[1]))  # one reshard in flight
     leaves.append(kept)
-  structure: Any = jax.tree_util.tree_structure(abstract)  # (PyTreeDef is untyped in the stubs)
-  new_state = structure.unflatten(leaves)
-  report = SurgeryReport(
-    kept=tuple(sorted(fresh_keys & old_keys - reinit_keys)),
-    added=tuple(added),
-    dropped=tuple(dropped),
-    reinitialized=tuple(sorted(reinit_keys)),
-    renamed=renamed,
-  )
-  return new_state, report
+  structure: Any = jax.tree_util.tree_structure(layout.abstract)  # (PyTreeDef is untyped)
+  return structure.unflatten(leaves)
 
 
 def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tuple[Any, Any]]:
@@ -282,9 +360,9 @@ def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tupl
   }
 
 
-def _old_state(
+def _read_old_state(
   state: Any, prefixes: list[Path], rename: Mapping[str, str] | Callable[[str], str] | None
-) -> tuple[dict[tuple[Path, str], Any], dict[Path, Any], tuple[tuple[str, str], ...]]:
+) -> _OldState:
   """``{(mirror prefix, key): leaf}`` (keys renamed) and ``{path: leaf}`` of the other leaves."""
   if rename is None:
     fn: Callable[[str], str] = lambda k: k  # noqa: E731
@@ -318,7 +396,7 @@ def _old_state(
         "receive the state of one old key only. Fix the rename mapping"
       )
     slots[new_slot] = leaf
-  return slots, plain, tuple(sorted((a, b) for a, b in pairs.items() if a != b))
+  return _OldState(slots, plain, tuple(sorted((a, b) for a, b in pairs.items() if a != b)))
 
 
 def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: Any) -> SurgeryReport:

@@ -9,7 +9,9 @@ counted in ``source.stats`` so tests and benchmarks can assert what was touched.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import Protocol
@@ -19,6 +21,13 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
+
+
+def has_key(source: Any, key: str) -> bool:
+  """Whether ``source`` holds ``key``: O(1) for our sources, any protocol object otherwise."""
+  if isinstance(source, BaseSource):
+    return key in source
+  return key in source.keys()
 
 
 def nbytes_of(shape: Sequence[int], dtype: Any) -> int:
@@ -172,7 +181,10 @@ class BaseSource:
       return SourceStats(self._reads, self._bytes)
 
   def __contains__(self, key: object) -> bool:
-    return key in self.keys()
+    known = self.__dict__.get("_key_set")
+    if known is None:  # a catalog never changes: one set for O(1) lookups
+      known = self.__dict__["_key_set"] = frozenset(self.keys())
+    return key in known
 
   def unknown_key(self, key: str) -> errors.UnknownTensorError:
     known = self.keys()
@@ -216,6 +228,16 @@ class BaseSource:
     with self._lock:
       self._reads += 1
       self._bytes += physical
+
+  def start_reads(
+    self, requests: Sequence[tuple[str, sel_lib.Region]]
+  ) -> Callable[[], list[np.ndarray]]:
+    """Begins reading ``requests``; the returned function finishes and returns them.
+
+    Sources with asynchronous I/O (orbax) issue the reads here; the default reads when the
+    function is called (positional reads are synchronous).
+    """
+    return functools.partial(self.read_many, list(requests))
 
   def read_many(self, requests: Sequence[tuple[str, sel_lib.Region]]) -> list[np.ndarray]:
     """Several physical reads; sources that can overlap I/O (orbax) issue them concurrently.

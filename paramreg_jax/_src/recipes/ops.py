@@ -425,7 +425,7 @@ def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.Tens
   if isinstance(node, Source):
     if not node.key.strip():
       raise errors.EmptySourceKeyError(f"{node}: the key must be a non-empty string")
-    if node.key not in src.keys():
+    if not source_lib.has_key(src, node.key):
       raise errors.UnknownSourceKeyError(
         f"{node}: the checkpoint has no tensor {node.key!r}"
         + errors.did_you_mean(node.key, src.keys())

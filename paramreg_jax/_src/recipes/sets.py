@@ -11,6 +11,7 @@ from typing import Any
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src import source as source_lib
 from paramreg_jax._src.recipes import ops
 
 
@@ -46,7 +47,7 @@ class FusedSplit(Mapping[str, ops.Recipe]):
 
   def check(self, src: Any) -> None:
     """Raises ``FusedSplitWidthMismatch``-style ``RecipeSetError`` if widths do not cover the axis."""
-    meta = src.metadata(self.key) if self.key in src.keys() else None
+    meta = src.metadata(self.key) if source_lib.has_key(src, self.key) else None
     if meta is None:
       raise errors.UnknownSourceKeyError(
         f"fused_split({self.key!r}): the checkpoint has no tensor {self.key!r}"

@@ -244,21 +244,33 @@ class OrbaxSource(source_lib.BaseSource):
 
   def read_many(self, requests: Any) -> list[np.ndarray]:
     """Issues every tensorstore read before waiting on any (overlapping I/O and decoding)."""
+    return self.start_reads(requests)()
+
+  def start_reads(self, requests: Any) -> Any:
+    """Issues the reads now (tensorstore decodes in its own threads) and returns the function
+    that waits for them: the backend issues the next window before the current one is done,
+    so the decoders never run dry at a window's end."""
+    requests = list(requests)
     for key, _ in requests:
       self.metadata(key)
     stores = self._open([key for key, _ in requests])
-    out = []
-    for (key, region), (value, fut) in zip(requests, self._issue(stores, requests)):
-      try:
-        fut.result()
-      except (OSError, ValueError, RuntimeError) as e:
-        raise self.read_failed(key, region, e) from e
-      except KeyboardInterrupt as e:  # name the read being waited for, as BaseSource does
-        e.paramreg_source_key = key  # type: ignore[attr-defined]
-        raise
-      self.count_read(key, region)
-      out.append(value)
-    return out
+    issued = self._issue(stores, requests)
+
+    def finish() -> list[np.ndarray]:
+      out = []
+      for (key, region), (value, fut) in zip(requests, issued):
+        try:
+          fut.result()
+        except (OSError, ValueError, RuntimeError) as e:
+          raise self.read_failed(key, region, e) from e
+        except KeyboardInterrupt as e:  # name the read being waited for, as BaseSource does
+          e.paramreg_source_key = key  # type: ignore[attr-defined]
+          raise
+        self.count_read(key, region)
+        out.append(value)
+      return out
+
+    return finish
 
   def _issue(self, stores: dict[str, Any], requests: Any) -> list[tuple[np.ndarray, Any]]:
     """Starts every read straight into a 64-byte aligned buffer (``jax.device_put`` on CPU
