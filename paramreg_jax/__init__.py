@@ -10,6 +10,7 @@ from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import KeyCollisionError
 from paramreg_jax._src.errors import MalformedKeyError
+from paramreg_jax._src.errors import MatchError
 from paramreg_jax._src.errors import MaterializationError
 from paramreg_jax._src.errors import NamedSlotHijackError
 from paramreg_jax._src.errors import OrderingContractError
@@ -29,6 +30,8 @@ from paramreg_jax._src.keys import INDEXED_KEY_PREFIX
 from paramreg_jax._src.keys import NAMED_KEY_PREFIX
 from paramreg_jax._src.keys import name_to_path
 from paramreg_jax._src.keys import path_to_name
+from paramreg_jax._src.match import Match
+from paramreg_jax._src.match import match
 from paramreg_jax._src.patterns import label_by_pattern
 from paramreg_jax._src.patterns import mask_by_pattern
 from paramreg_jax._src.plan import PlanEntry
@@ -68,6 +71,8 @@ __all__ = (
   "JaxBackend",
   "KeyCollisionError",
   "MalformedKeyError",
+  "Match",
+  "MatchError",
   "MaterializationError",
   "MaterializedUnit",
   "MemorySource",
@@ -98,6 +103,7 @@ __all__ = (
   "keyed",
   "label_by_pattern",
   "mask_by_pattern",
+  "match",
   "materialize",
   "name_to_path",
   "param_state",

@@ -71,6 +71,12 @@ TARGETS = textwrap.dedent(
 
   def empty():
     return {}
+
+  def plain():
+    return {"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32), "bias": jax.ShapeDtypeStruct((3,), np.float32)}}
+
+  def square():
+    return {"fc": {"kernel": jax.ShapeDtypeStruct((3, 3), np.float32)}}
   """
 )
 
@@ -126,6 +132,36 @@ def test_plan_ok_and_failing(tmp_path):
     ).stdout
   )
   assert ok["ok"] is True and [e["key"] for e in ok["entries"]] == ["n:fc/bias", "n:fc/kernel"]
+
+
+def test_match_prints_the_table_and_the_code(tmp_path):
+  make_files(tmp_path)
+  save_file({"fc.weight": np.ones((3, 3), np.float32)}, str(tmp_path / "sq.safetensors"))
+  r = run_cli(
+    "match", str(tmp_path / "m.safetensors"), "--target", "cli_targets:plain", cwd=tmp_path
+  )
+  assert r.returncode == 0, r.stderr
+  assert "fc/kernel  <- transpose(source('fc.weight'), (1, 0))   [name + transpose]" in r.stdout
+  assert "\"fc/kernel\": R.transpose(R.source('fc.weight'), (1, 0))," in r.stdout
+  data = json.loads(
+    run_cli(
+      "match",
+      str(tmp_path / "m.safetensors"),
+      "--target",
+      "cli_targets:plain",
+      "--json",
+      cwd=tmp_path,
+    ).stdout
+  )
+  assert data["ok"] and data["rows"][0] == {
+    "target": "fc/bias",
+    "checkpoint": "source('fc.bias')",
+    "reason": "name",
+  }
+  r = run_cli(
+    "match", str(tmp_path / "sq.safetensors"), "--target", "cli_targets:square", cwd=tmp_path
+  )
+  assert r.returncode == 1 and "fc/kernel: ambiguous" in r.stdout
 
 
 def test_errors_are_one_line_unless_debug(tmp_path):

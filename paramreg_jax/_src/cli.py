@@ -1,4 +1,4 @@
-"""The ``paramreg-jax`` command line: ``demo``, ``inspect`` and ``plan``.
+"""The ``paramreg-jax`` command line: ``demo``, ``inspect``, ``plan`` and ``match``.
 
 Errors are one clear line on stderr and a non-zero exit status; ``--debug`` shows the traceback.
 """
@@ -147,18 +147,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
   try:
     plan = plan_restore(target, src, **options)
   except errors.RestorePlanError as e:
-    if args.json:
-      message = f"the plan cannot bind ({len(e.problems)} problem(s))"
-      _fail(args, message, type(e).__name__, problems=list(e.problems))
-    else:
-      print(f"the plan cannot bind ({len(e.problems)} problem(s)):")
-      for p in e.problems:
-        print(f"  - {p}")
-    return 1
+    return _problems(args, "the plan cannot bind", e)
   if args.json:
     print(json.dumps({"ok": True, **plan.to_json()}, indent=1))
   else:
     print(plan)
+  return 0
+
+
+def cmd_match(args: argparse.Namespace) -> int:
+  from paramreg_jax._src import errors
+  from paramreg_jax._src.match import match
+
+  src = open_source(args.path, step=args.step, item=args.item)
+  target, options = _load_target(args.target)
+  try:
+    mapping = match(target, src, hints=options.get("recipes"))
+  except errors.MatchError as e:
+    return _problems(args, "no complete mapping", e)
+  if args.json:
+    rows = [{"target": t, "checkpoint": c, "reason": r} for t, c, r in mapping.rows()]
+    print(
+      json.dumps(
+        {
+          "ok": True,
+          "rows": rows,
+          "unused": list(mapping.ignored_keys),
+          "python": mapping.to_python(),
+        },
+        indent=1,
+      )
+    )
+  else:
+    print(mapping)
+    print()
+    print(mapping.to_python())
   return 0
 
 
@@ -176,6 +199,11 @@ def _parser() -> argparse.ArgumentParser:
   for name, text in (
     ("inspect", "keys, shapes, dtypes and bytes of a checkpoint (reads no payload)"),
     ("plan", "the restore plan of a checkpoint against a target tree; exit 1 if it cannot bind"),
+    (
+      "match",
+      "propose the recipes that restore a target from a foreign checkpoint, as a table "
+      "and as code; exit 1 if something is unmatched or ambiguous",
+    ),
   ):
     p = sub.add_parser(name, help=text)
     p.add_argument(
@@ -186,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
       "--step", type=int, default=None, help="CheckpointManager step (default: latest)"
     )
     p.add_argument("--item", default=None, help="CheckpointManager item name")
-    if name == "plan":
+    if name in ("plan", "match"):
       p.add_argument(
         "--target",
         required=True,
@@ -208,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0
     if args.command == "inspect":
       return cmd_inspect(args)
+    if args.command == "match":
+      return cmd_match(args)
     return cmd_plan(args)
   except KeyboardInterrupt:
     _fail(args, "interrupted", "KeyboardInterrupt")
@@ -217,6 +247,18 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise
     _fail(args, " ".join(str(e).split()), type(e).__name__)
     return 1
+
+
+def _problems(args: argparse.Namespace, headline: str, error: Any) -> int:
+  """Every problem of ``error`` (its ``.problems``), listed or as JSON; exit status 1."""
+  message = f"{headline} ({len(error.problems)} problem(s))"
+  if args.json:
+    _fail(args, message, type(error).__name__, problems=list(error.problems))
+  else:
+    print(f"{message}:")
+    for p in error.problems:
+      print(f"  - {p}")
+  return 1
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str, **extra: Any) -> None:

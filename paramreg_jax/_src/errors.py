@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import Any
 
 
 class ParamRegError(ValueError):
@@ -198,6 +199,16 @@ class RestorePlanError(ParamRegError):
   def __init__(self, message: str, problems: tuple[str, ...] = ()):
     super().__init__(message)
     self.problems = problems
+
+
+class MatchError(ParamRegError):
+  """``match`` cannot propose a complete mapping: ``.problems`` lists every unmatched or
+  ambiguous parameter (with ranked candidates); ``.partial`` is what it did match."""
+
+  def __init__(self, message: str, problems: tuple[str, ...] = (), partial: Any = None):
+    super().__init__(message)
+    self.problems = problems
+    self.partial = partial
 
 
 class MaterializationError(ParamRegError):

@@ -271,6 +271,7 @@ def plan_restore(
   alias_map = {_strip(a): _strip(o) for a, o in {**set_aliases, **(aliases or {})}.items()}
   p = _Planning(source, slots, _matcher(exclude), recipe_map, alias_map, dtype_policy)
   renamed, dropped = _resolve_names(p, rename)
+  dropped += list(getattr(recipes, "ignored_keys", ()))  # a match's deliberately unused keys
   _check_declarations(p, splits)
   excluded_keys = _plan_entries(p, renamed)
   _plan_aliases(p)

@@ -215,6 +215,8 @@ class RecipeSet(Mapping[str, ops.Recipe]):
     outputs: ``{target: recipe}`` (or pairs, to detect duplicates); a :class:`FusedSplit`
       may be given as one of several mappings in a sequence.
     aliases: ``{alias: destination}``; a destination may itself be an alias.
+    ignore: checkpoint keys deliberately not loaded (buffers, heads the model lacks);
+      :func:`plan_restore` does not report them as unused.
 
   Raises:
     RecipeSetError: empty or duplicate target names.
@@ -228,7 +230,12 @@ class RecipeSet(Mapping[str, ops.Recipe]):
     ('embed', ['embed'], {'lm_head': 'embed', 'tied': 'embed'})
   """
 
-  def __init__(self, outputs: Any = (), aliases: Mapping[str, str] | None = None):
+  def __init__(
+    self,
+    outputs: Any = (),
+    aliases: Mapping[str, str] | None = None,
+    ignore: Iterable[str] = (),
+  ):
     pairs: list[tuple[str, ops.Recipe]] = []
     parts = [outputs] if isinstance(outputs, Mapping) else list(outputs)
     for part in parts:
@@ -249,6 +256,9 @@ class RecipeSet(Mapping[str, ops.Recipe]):
         )
       self._outputs[target] = ops._check_recipe(recipe, f"the recipe for {target!r}")
     self.aliases = resolve_aliases(aliases or {}, set(self._outputs))
+    if isinstance(ignore, str):
+      raise errors.RecipeSetError(f"ignore= takes a list of checkpoint keys, got {ignore!r}")
+    self.ignored_keys = tuple(sorted(ignore))
 
   def __getitem__(self, target: str) -> ops.Recipe:
     return self._outputs[target]
