@@ -213,6 +213,28 @@ def test_gemma_stacked_with_the_head_tied_to_the_embedding():
   assert "tied to the embedding, transposed" in str(m)
 
 
+def test_gemma2_four_norms_per_layer():
+  """Gemma 2/3: post_attention_layernorm is the attention's post-norm there (Llama: pre-MLP)."""
+  ck = llama_checkpoint()
+  del ck["lm_head.weight"]
+  norms = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+  )
+  for i in range(L):
+    for n in norms[2:]:
+      ck[f"model.layers.{i}.{n}.weight"] = rand(D)
+  target = llama_nnx_target()
+  names = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm")
+  target["layers"] |= {n: {"scale": sds((L, D))} for n in names}
+  expected = llama_expected_nnx(ck | {"lm_head.weight": ck["model.embed_tokens.weight"]})
+  for t, n in zip(names, norms):
+    expected[f"layers/{t}/scale"] = np.stack([ck[f"model.layers.{i}.{n}.weight"] for i in range(L)])
+  check(target, MemorySource(ck), expected)
+
+
 def test_gemma_tied_head_is_an_alias_of_the_embedding():
   ck = llama_checkpoint()
   del ck["lm_head.weight"]
@@ -473,6 +495,18 @@ def test_a_hint_for_a_parameter_the_target_lacks_is_refused():
     prj.match(target, src, hints={"attn/q/kernal": R.source("attn.q.weight")})
   m = prj.match(target, src, hints={"n:attn/q/kernel": R.source("attn.q.weight")})
   assert m.rows() == [("attn/q/kernel", "source('attn.q.weight')", "hint")]
+
+
+def test_a_dtype_change_is_an_explicit_cast():
+  import ml_dtypes
+
+  ck = llama_checkpoint()
+  target = jax.tree.map(lambda s: sds(s.shape, ml_dtypes.bfloat16), llama_nnx_target())
+  m = prj.match(target, MemorySource(ck))
+  assert "name + transpose, stacked 2 layers, cast to bfloat16" in str(m)
+  got = values(prj.restore(target, MemorySource(ck), recipes=m))
+  want = llama_expected_nnx(ck)["layers/mlp/up/kernel"].astype(ml_dtypes.bfloat16)
+  np.testing.assert_array_equal(got["layers/mlp/up/kernel"], want)
 
 
 def test_a_square_kernel_without_a_convention_is_ambiguous():

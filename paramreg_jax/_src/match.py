@@ -34,6 +34,8 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from paramreg_jax._src import errors
 from paramreg_jax._src import plan as plan_lib
 from paramreg_jax._src import target as target_lib
@@ -449,6 +451,7 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
   src_concepts = {
     k: concepts(k) for k in source.keys() if k not in hinted_keys
   }  # every checkpoint key, folded once
+  _gemma2_norms(src_concepts)
   metas = {k: source.metadata(k) for k in src_concepts}
   by_layer: dict[tuple[int, ...], list[str]] = {}
   for k, c in src_concepts.items():
@@ -467,6 +470,7 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
     )
   problems = _choose(slots, ranked, proposals, {k: m.shape for k, m in metas.items()})
   _tie_heads(slots, ranked, proposals, problems)
+  _cast_to_targets(slots, proposals, source)
   used = {k for p in proposals.values() for k in p.keys} | hinted_keys
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   ignored = [k for k in source.keys() if k not in used]
@@ -498,6 +502,32 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
       result,
     ) from e
   return result
+
+
+def _gemma2_norms(src: dict[str, Concepts]) -> None:
+  """Gemma 2/3 normalise both sides of each sublayer: there ``post_attention_layernorm`` is the
+  attention's *post*-norm (``pre_feedforward_layernorm`` is the MLP's), while in Llama it is
+  the norm before the MLP. The checkpoint itself says which: it has ``pre_feedforward``."""
+  if not any("pre_feedforward_layernorm" in k for k in src):
+    return
+  for k, c in src.items():
+    if "post_attention_layernorm" in k:
+      tokens = (c.tokens - {"mlp"}) | {"attn", "post"}
+      src[k] = dataclasses.replace(c, tokens=frozenset(tokens))
+
+
+def _cast_to_targets(slots: list[Any], proposals: dict[str, Proposal], source: Any) -> None:
+  """A stored dtype other than the parameter's becomes an explicit, reported cast."""
+  for slot in slots:
+    p = proposals.get(slot.name)
+    if p is None or p.recipe is None or p.reason == "hint":
+      continue
+    want = np.dtype(slot.dtype)
+    if ops.infer(p.recipe, source).dtype != want:
+      recipe = ops.cast(p.recipe, want)
+      proposals[slot.name] = dataclasses.replace(
+        p, recipe=recipe, reason=f"{p.reason}, cast to {want.name}"
+      )
 
 
 def _linear_convention(
@@ -722,7 +752,7 @@ def _stacked(
     if kind != tc.kind or sorted(by_index) != list(range(layers)):
       continue
     keys = [by_index[i] for i in range(layers)]
-    sample = concepts(keys[0])
+    sample = src[keys[0]]
     per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
     for single in _single(per_layer, shape[1:], keys[0], sample, metas[keys[0]].shape, convention):
       if single.fused is not None:
