@@ -40,7 +40,7 @@ def _result(t0: float, before: int, out: dict) -> dict:
   }
 
 
-def run_case(path: str, transpose: bool, baseline: bool = False) -> dict:
+def run_case(path: str, transpose: bool, baseline: bool = False, single: bool = False) -> dict:
   import paramreg_jax as prj
 
   prj.use_cpu_devices(8)
@@ -53,6 +53,8 @@ def run_case(path: str, transpose: bool, baseline: bool = False) -> dict:
 
   grid = NamedSharding(jax.make_mesh((4, 2), ("x", "y")), P("x", "y"))
   jax.device_put(np.zeros((8, 8), np.float32), grid).block_until_ready()
+  if single:
+    grid = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   if baseline:  # safetensors' own loader, numpy's transpose, jax's sharding
     from safetensors.numpy import load_file
 
@@ -88,7 +90,7 @@ save_file({{f"t{{i:05d}}": rng.standard_normal({shape!r}, dtype=np.float32) for 
   subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def measure(path: str, transpose: bool, baseline: bool = False) -> dict:
+def measure(path: str, transpose: bool, baseline: bool = False, single: bool = False) -> dict:
   proc = subprocess.run(
     [
       sys.executable,
@@ -97,6 +99,7 @@ def measure(path: str, transpose: bool, baseline: bool = False) -> dict:
       path,
       *(["--transpose"] if transpose else []),
       *(["--baseline"] if baseline else []),
+      *(["--single"] if single else []),
     ],
     capture_output=True,
     text=True,
@@ -118,11 +121,12 @@ def main() -> None:
   ap.add_argument("--case", default=None)
   ap.add_argument("--transpose", action="store_true")
   ap.add_argument("--baseline", action="store_true")
+  ap.add_argument("--single", action="store_true")
   ap.add_argument("--sizes", type=float, nargs="+", default=[1, 2, 4])
   ap.add_argument("--small", type=int, default=10_000)
   args = ap.parse_args()
   if args.case:
-    print(json.dumps(run_case(args.case, args.transpose, args.baseline)))
+    print(json.dumps(run_case(args.case, args.transpose, args.baseline, args.single)))
     return
   gb = 1e9
   rows, bases = [], []
@@ -153,12 +157,15 @@ def main() -> None:
     if args.small:
       path = os.path.join(tmp, "small.safetensors")
       write(path, args.small, (64, 64))
-      r, b = measure(path, transpose=False), measure(path, transpose=False, baseline=True)
-      print(
-        f"{r['tensors']} tensors of [64, 64] ({r['restored'] / 1e6:.0f} MB): {r['seconds']:.2f} s "
-        f"({r['seconds'] / r['tensors'] * 1e6:.0f} us per tensor; baseline {b['seconds']:.2f} s), "
-        f"peak RSS growth {r['growth'] / 1e6:.0f} MB (baseline {b['growth'] / 1e6:.0f} MB)"
-      )
+      for single, where in ((False, "over a (4, 2) mesh"), (True, "on one device")):
+        r = measure(path, transpose=False, single=single)
+        b = measure(path, transpose=False, baseline=True, single=single)
+        print(
+          f"{r['tensors']} tensors of [64, 64] ({r['restored'] / 1e6:.0f} MB) {where}: "
+          f"{r['seconds']:.2f} s ({r['seconds'] / r['tensors'] * 1e6:.0f} us per tensor; "
+          f"baseline {b['seconds']:.2f} s), peak RSS growth {r['growth'] / 1e6:.0f} MB "
+          f"(baseline {b['growth'] / 1e6:.0f} MB)"
+        )
 
 
 if __name__ == "__main__":

@@ -246,13 +246,19 @@ class JaxBackend:
         reading.append(reader.submit(finish))
         submitted += 1
 
+    window = windows[0] if windows else None
     try:
       read_ahead()
       built: tuple[reads_lib.Window, list[Any]] | None = None
       transferring: list[jax.Array] = []
       for window in windows:
         blocks = reading.popleft().result()
-        builds = [pool.submit(_build, task, window, blocks, keys) for task in window.tasks]
+        builds: list[Any] = []
+        for task in window.tasks:
+          handed = _handed(task, window, blocks)
+          builds.append(
+            pool.submit(_build, task, window, blocks, keys) if handed is None else handed
+          )
         del blocks  # held by the builds until they finish
         if built is not None:
           transferring = _hand_over(*built, shards, transferring)
@@ -261,9 +267,16 @@ class JaxBackend:
         built = (window, builds)
       if built is not None:
         _hand_over(*built, shards, transferring)
-    except BaseException:
+    except BaseException as e:
       reader.shutdown(wait=False, cancel_futures=True)
       pool.shutdown(wait=False, cancel_futures=True)
+      if (
+        isinstance(e, KeyboardInterrupt)
+        and window is not None
+        and not getattr(e, "__notes__", None)
+      ):
+        culprit = keys[window.tasks[0].weight]  # Ctrl-C while this window was read or built
+        e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
       raise
     reader.shutdown(wait=True)
     pool.shutdown(wait=True)
@@ -361,6 +374,8 @@ def _assemble(
   """The global array of one weight from its device buffers (or as built whole)."""
   if isinstance(parts, jax.Array):
     return Materialization(context.key, parts)
+  if len(parts) == 1 and parts[0].sharding == context.sharding:  # one device: it is the array
+    return Materialization(context.key, parts[0])
   array = jax.make_array_from_single_device_arrays(tuple(context.shape), context.sharding, parts)
   return Materialization(context.key, array)
 
@@ -427,26 +442,42 @@ def _read(
   return out
 
 
+def _handed(
+  task: reads_lib.Task,
+  window: reads_lib.Window,
+  blocks: dict[tuple[str, sel_lib.Region], np.ndarray],
+) -> np.ndarray | None:
+  """The block itself when it is exactly the shard, aligned for a zero-copy hand-over (no
+  thread needed: most shards of a direct restore), else None."""
+  if task.program.handoff is None:
+    return None
+  value = window.view(blocks, task.program.handoff)
+  program = task.program
+  if (
+    value.ctypes.data % source_lib.HOST_ALIGNMENT == 0
+    and value.flags.c_contiguous
+    and value.shape == program.shape
+    and value.dtype == program.dtype
+  ):
+    return value
+  return None
+
+
 def _build(
   task: reads_lib.Task,
   window: reads_lib.Window,
   blocks: dict[tuple[str, sel_lib.Region], np.ndarray],
   keys: list[str],
 ) -> np.ndarray:
-  """The host buffer of one shard: the block itself when it is exactly the shard, else one
-  copy of the program's value into a new aligned buffer. Runs in the thread pool."""
+  """The host buffer of one shard: one copy of the program's value (or of an unaligned
+  hand-off) into a new aligned buffer. Runs in the thread pool."""
   program = task.program
 
   def fetch(read: compiler.Read) -> np.ndarray:
     return window.view(blocks, read)
 
   try:
-    if program.handoff is not None:
-      value = fetch(program.handoff)
-      if value.ctypes.data % source_lib.HOST_ALIGNMENT == 0 and value.flags.c_contiguous:
-        return value
-    else:
-      value = program.run(fetch)
+    value = fetch(program.handoff) if program.handoff is not None else program.run(fetch)
     if value.shape != program.shape or value.dtype != program.dtype:
       raise errors.MaterializationError(
         f"{keys[task.weight]}: region {sel_lib.region_slices(program.region)} came out as "
@@ -477,7 +508,7 @@ def _hand_over(
   gets each weight's device buffers, or the whole array of a weight built whole."""
   hosts, devices, owners = [], [], []
   for task, build in zip(window.tasks, builds):
-    host = build.result()
+    host = build if isinstance(build, np.ndarray) else build.result()
     for device in [task.whole] if task.whole is not None else task.devices:
       hosts.append(host)  # a replicated shard: one host buffer, several devices
       devices.append(device)

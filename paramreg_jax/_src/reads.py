@@ -86,7 +86,7 @@ class Window:
   tasks: list[Task] = dataclasses.field(default_factory=list)
   blocks: dict[str, list[sel_lib.Region]] = dataclasses.field(default_factory=dict)
   nbytes: int = 0  # what the budget counts: blocks that are not handed over as CPU shards
-  handed: frozenset[tuple[str, sel_lib.Region]] = frozenset()
+  handed: set[tuple[str, sel_lib.Region]] = dataclasses.field(default_factory=set)
 
   def requests(self) -> list[tuple[str, sel_lib.Region]]:
     """The blocks as ``(key, box)`` read requests, in first-use order."""
@@ -106,35 +106,41 @@ class Window:
 
 def _with(
   window: Window, task: Task, source: Any, itemsize: dict[str, int]
-) -> tuple[dict[str, list[sel_lib.Region]], int, frozenset[tuple[str, sel_lib.Region]]]:
-  """The window's blocks, counted bytes and handed-over blocks if ``task`` were added.
+) -> tuple[dict[str, list[sel_lib.Region]], int, tuple[str, sel_lib.Region] | None]:
+  """What adding ``task`` changes: ``({key: blocks}, counted bytes, handed-over block)``.
 
   A block that a CPU shard receives as it is read costs nothing beyond the restored arrays,
   so it is not counted (an orbax checkpoint saved with the target's sharding is then read
-  with every chunk in flight); on accelerators every block is host memory in transit.
+  with every chunk in flight); on accelerators every block is host memory in transit. Only
+  the keys ``task`` touches are recounted, so packing is linear in the number of shards.
   """
   handoff = task.program.handoff
-  handed = window.handed
+  handed = None
   if handoff is not None and task.on_host:
-    if source.storage_box(handoff.key, handoff.box) == handoff.box:
-      handed = handed | {(handoff.key, handoff.box)}
+    block = (handoff.key, handoff.box)
+    if source.storage_box(*block) == handoff.box and block not in window.handed:
+      handed = block
 
-  def counted(key: str, boxes: list[sel_lib.Region]) -> int:
-    return sum(box_bytes(b, itemsize[key]) for b in boxes if (key, b) not in handed)
+  def counted(key: str, boxes: list[sel_lib.Region], with_new: bool) -> int:
+    return sum(
+      box_bytes(b, itemsize[key])
+      for b in boxes
+      if (key, b) not in window.handed and not (with_new and (key, b) == handed)
+    )
 
-  blocks = dict(window.blocks)
+  changes: dict[str, list[sel_lib.Region]] = {}
   total = window.nbytes
-  for key in dict.fromkeys(read.key for read in task.program.reads):
-    before = blocks.get(key, [])
+  touched = [read.key for read in task.program.reads] + ([handed[0]] if handed else [])
+  for key in dict.fromkeys(touched):
+    before = window.blocks.get(key, [])
     after = before
     for read in task.program.reads:
       if read.key == key:
         after = merge(after, source.storage_box(key, read.box))
-    total += counted(key, after) - counted(key, before) if handed is window.handed else 0
-    blocks[key] = after
-  if handed is not window.handed:  # recount: a handed block may also be another's input
-    total = sum(counted(key, boxes) for key, boxes in blocks.items())
-  return blocks, total, handed
+    total += counted(key, after, True) - counted(key, before, False)
+    if after is not before:
+      changes[key] = after
+  return changes, total, handed
 
 
 def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Window]:
@@ -161,13 +167,16 @@ def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Windo
     for read in task.program.reads:
       if read.key not in itemsize:
         itemsize[read.key] = np.dtype(source.metadata(read.key).dtype).itemsize
-    blocks, total, handed = _with(current, task, source, itemsize)
+    changes, total, handed = _with(current, task, source, itemsize)
     if current.tasks and total > window_bytes and total > current.nbytes:
       out.append(current)
       current = Window()
-      blocks, total, handed = _with(current, task, source, itemsize)
+      changes, total, handed = _with(current, task, source, itemsize)
     current.tasks.append(task)
-    current.blocks, current.nbytes, current.handed = blocks, total, handed
+    current.blocks.update(changes)
+    current.nbytes = total
+    if handed is not None:
+      current.handed.add(handed)
   if current.tasks:
     out.append(current)
   return out

@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import struct
+import threading
 from typing import Any
 
 import ml_dtypes
@@ -178,17 +179,20 @@ class _File:
         f"is {data_len} bytes)"
       )
 
-  def read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    """``region`` of ``key`` in a new 64-byte aligned array (positional reads, no mapping)."""
+  def read(self, key: str, region: sel_lib.Region, fd: int | None = None) -> np.ndarray:
+    """``region`` of ``key`` in a new 64-byte aligned array (positional reads, no mapping),
+    through ``fd`` if given (an open descriptor of this file), else one opened for it."""
     meta, offset = self.entries[key]
     out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
     if out.size == 0:
       return out
-    fd = os.open(self.path, os.O_RDONLY)
+    own = fd is None
+    fd = os.open(self.path, os.O_RDONLY) if fd is None else fd
     try:
       self._read_box(fd, offset, meta.shape, meta.dtype.itemsize, region, out, key)
     finally:
-      os.close(fd)
+      if own:
+        os.close(fd)
     return out
 
   def _read_box(
@@ -271,6 +275,7 @@ class SafetensorsSource(source_lib.BaseSource):
     else:
       raise errors.MissingShardError(f"{self.path}: no such file or directory")
     self._keys = tuple(sorted(self._where))
+    self._batch = threading.local()  # descriptors of the current thread's read_many
 
   def _add(self, f: _File, allowed: set[str] | None = None) -> None:
     for key in f.entries:
@@ -331,7 +336,23 @@ class SafetensorsSource(source_lib.BaseSource):
     return f.entries[key][0]
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    return self._where[key].read(key, region)
+    f = self._where[key]
+    return f.read(key, region, getattr(self._batch, "fds", {}).get(f.path))
+
+  def read_many(self, requests: Any) -> list[np.ndarray]:
+    """Several reads, each file opened once for all of them (10,000 small tensors: one
+    ``open`` instead of 10,000). The descriptors belong to this call's thread only."""
+    paths = {self._where[k].path for k, _ in requests if k in self._where}
+    fds: dict[pathlib.Path, int] = {}
+    try:
+      for path in paths:
+        fds[path] = os.open(path, os.O_RDONLY)
+      self._batch.fds = fds
+      return super().read_many(requests)
+    finally:
+      self._batch.fds = {}
+      for fd in fds.values():
+        os.close(fd)
 
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """``box`` widened to whole rows (leading-axis slices): a tensor is row-major in its file,
