@@ -9,8 +9,8 @@ flow ``source -> plan -> materialize -> bind``:
 2. the reads are widened to storage granules and merged into blocks, packed into windows that
    fit the host-memory budget (:mod:`paramreg_jax._src.reads`): a chunk is read once per
    process, whatever number of shards need it;
-3. while one window is read, the previous window's shards are built by a thread pool (a strided
-   copy each, into 64-byte aligned buffers) and handed to their devices with one batched
+3. while the next windows are read, the current window's shards are built by a thread pool (a
+   strided copy each, into 64-byte aligned buffers) and handed to their devices with one batched
    ``jax.device_put`` (on CPU the device adopts the buffer: no copy); a shard that is exactly
    one read is handed over as read;
 4. ``jax.make_array_from_single_device_arrays`` assembles each global array.
@@ -51,8 +51,8 @@ _DEPTH = 3
 def default_max_inflight_bytes() -> int:
   """The default host budget: 1/64 of the memory available now, between 4 and 16 MiB.
 
-  Throughput does not need more: two windows of 8 MiB (one being read, one being built)
-  already keep the disk and the build threads busy; restoring 268 MB took 0.22-0.26 s with a
+  Throughput does not need more: three windows of about 5 MiB (being read, read, being
+  built) already keep the disk and the build threads busy; restoring 268 MB took 0.22-0.26 s with a
   16 MiB budget and 0.28-0.31 s with 128 MiB (README benchmark notes). A larger budget only
   raises the peak. A single shard whose blocks are larger is still read whole.
 
@@ -86,7 +86,7 @@ class MaterializationContext:
     key: the target key (for messages).
     shape, dtype, sharding: what the weight must be.
     max_inflight_bytes: source bytes the host may hold at once besides the restored arrays
-      (two windows of half of it: one being read, one being built); ``None`` for
+      (three windows of a third of it: being read, read, being built); ``None`` for
       :func:`default_max_inflight_bytes`.
     on_bytes: called with the byte count of every block read (progress bars).
   """
@@ -270,13 +270,9 @@ class JaxBackend:
     except BaseException as e:
       reader.shutdown(wait=False, cancel_futures=True)
       pool.shutdown(wait=False, cancel_futures=True)
-      if (
-        isinstance(e, KeyboardInterrupt)
-        and window is not None
-        and not getattr(e, "__notes__", None)
-      ):
-        culprit = keys[window.tasks[0].weight]  # Ctrl-C while this window was read or built
-        e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
+      if isinstance(e, KeyboardInterrupt) and window is not None:
+        # Ctrl-C while this window was read or built
+        errors.note_interrupted(e, keys[window.tasks[0].weight])
       raise
     reader.shutdown(wait=True)
     pool.shutdown(wait=True)
@@ -410,9 +406,7 @@ def _named(call: Callable[[], Any], window: reads_lib.Window, keys: list[str]) -
     culprit = _culprit(window, keys, e.key)
     raise errors.MaterializationError(f"{culprit}: {e}", culprit) from e
   except KeyboardInterrupt as e:
-    culprit = _culprit(window, keys, getattr(e, "paramreg_source_key", None))
-    if hasattr(e, "add_note"):
-      e.add_note(f"paramreg_jax: interrupted while materializing {culprit}; nothing was kept")
+    errors.note_interrupted(e, _culprit(window, keys, getattr(e, "paramreg_source_key", None)))
     raise
 
 

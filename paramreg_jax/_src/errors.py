@@ -248,3 +248,10 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
   unknown-key message)."""
   near = closest_keys(key, known)
   return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+
+
+def note_interrupted(error: BaseException, key: Any) -> None:
+  """Notes on an interrupt which parameter was being materialized (once: the innermost place
+  that knows says it)."""
+  if hasattr(error, "add_note") and not getattr(error, "__notes__", None):
+    error.add_note(f"paramreg_jax: interrupted while materializing {key}; nothing was kept")

@@ -9,9 +9,9 @@ bytes are row-major in one file). So each box is widened to its storage granule
 column-sharded kernel over row-chunked storage reads each row chunk once).
 
 Blocks are grouped into *windows* of at most ``window_bytes`` (one program alone may exceed it:
-its blocks are then a window of their own). The backend reads one window while the previous
-one's shards are built, so host memory holds at most two windows of source bytes besides the
-restored arrays themselves.
+its blocks are then a window of their own). The backend keeps three windows alive (being read,
+read, being built), each a third of the budget, so host memory holds at most the budget of
+source bytes besides the restored arrays themselves.
 """
 
 from __future__ import annotations

@@ -170,8 +170,7 @@ def materialize(
     except (KeyboardInterrupt, Exception) as e:
       weights.clear()
       if isinstance(e, KeyboardInterrupt):
-        if hasattr(e, "add_note") and not getattr(e, "__notes__", None):
-          e.add_note(f"paramreg_jax: interrupted while materializing {key}; nothing was kept")
+        errors.note_interrupted(e, key)
         raise
       raise errors.MaterializationError(
         f"{key}: {type(e).__name__}: {e}; nothing was kept, the target is untouched", key

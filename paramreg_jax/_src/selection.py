@@ -227,7 +227,11 @@ def read_selected(read: Any, selection: Selection, region: Region, dtype: Any) -
   if any(a == b for a, b in region):
     return np.empty(region_shape(region), dtype)
   regions, gather, axis = selection_regions(selection, region)
-  parts = [read(r) for r in regions]
+  return join_selected([read(r) for r in regions], gather, axis)
+
+
+def join_selected(parts: list[np.ndarray], gather: list[int] | None, axis: int) -> np.ndarray:
+  """The selected region from the parts :func:`selection_regions` asked for, in its order."""
   out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
   if gather is not None and gather != list(range(out.shape[axis])):
     out = np.take(out, gather, axis=axis)

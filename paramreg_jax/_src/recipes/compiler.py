@@ -71,10 +71,6 @@ class ShardProgram:
   run: Callable[[Fetch], np.ndarray]
   handoff: Read | None = None
 
-  @property
-  def nbytes(self) -> int:
-    return math.prod(self.shape) * self.dtype.itemsize
-
 
 Metas = dict[int, Any]
 
@@ -132,11 +128,9 @@ def _compile(
     shape = sel_lib.region_shape(region)
     return lambda fetch: np.empty(shape, meta.dtype)
   if isinstance(node, ops.Source):
-    return _selected(lambda r: _leaf(Read(node.key, r), reads), node.selection, region, meta.dtype)
+    return _selected(lambda r: _leaf(Read(node.key, r), reads), node.selection, region)
   if isinstance(node, ops.Select):
-    return _selected(
-      lambda r: _compile(node.input, r, metas, reads), node.selection, region, meta.dtype
-    )
+    return _selected(lambda r: _compile(node.input, r, metas, reads), node.selection, region)
   if isinstance(node, ops.Concatenate):
     parts, offset, (a, b) = [], 0, region[node.axis]
     for child in node.inputs:
@@ -182,20 +176,11 @@ def _selected(
   compile_region: Callable[[sel_lib.Region], Callable[[Fetch], np.ndarray]],
   selection: sel_lib.Selection,
   region: sel_lib.Region,
-  dtype: np.dtype,
 ) -> Callable[[Fetch], np.ndarray]:
   """``region`` of a selected tensor through ``compile_region(unselected_region)``, minimally."""
   regions, gather, axis = sel_lib.selection_regions(selection, region)
   parts = [compile_region(r) for r in regions]
-
-  def run(fetch: Fetch) -> np.ndarray:
-    values = [p(fetch) for p in parts]
-    out = values[0] if len(values) == 1 else np.concatenate(values, axis=axis)
-    if gather is not None and gather != list(range(out.shape[axis])):
-      out = np.take(out, gather, axis=axis)
-    return out
-
-  return run
+  return lambda fetch: sel_lib.join_selected([p(fetch) for p in parts], gather, axis)
 
 
 def _neg_log(x: np.ndarray) -> np.ndarray:
