@@ -25,6 +25,7 @@ with the checkpoint tensor(s) it comes from and derives the layout change:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import itertools
 import json
@@ -399,6 +400,41 @@ def _code(r: ops.Recipe) -> str:
 
 
 @dataclasses.dataclass
+class _Checkpoint:
+  """The checkpoint as ``match`` sees it: every key's concepts and shape, grouped once."""
+
+  concepts: dict[str, Concepts]
+  shapes: dict[str, tuple[int, ...]]
+  convention: str | None = None  # of its linear weights: "t" ([out, in]), "same", or unknown
+
+  @functools.cached_property
+  def by_layer(self) -> dict[tuple[int, ...], list[str]]:
+    """Keys by their layer numbers (``()`` for keys outside the layers)."""
+    out: dict[tuple[int, ...], list[str]] = {}
+    for k, c in self.concepts.items():
+      out.setdefault(c.indices, []).append(k)
+    return out
+
+  @functools.cached_property
+  def layer_templates(self) -> dict[tuple[frozenset[str], str], dict[int, str]]:
+    """``{(concepts, kind): {layer: key}}`` of the per-layer tensors (one name template each)."""
+    out: dict[tuple[frozenset[str], str], dict[int, str]] = {}
+    for k, c in self.concepts.items():
+      if len(c.indices) == 1 and "layers" in c.tokens:
+        out.setdefault((c.tokens, c.kind), {})[c.indices[0]] = k
+    return out
+
+  @functools.cached_property
+  def single_layer_keys(self) -> list[str]:
+    """Keys whose name template occurs in one layer only (T5's relative position bias)."""
+    templates: dict[tuple[frozenset[str], str], list[str]] = {}
+    for k, c in self.concepts.items():
+      if c.indices:
+        templates.setdefault((c.tokens, c.kind), []).append(k)
+    return [ks[0] for ks in templates.values() if len(ks) == 1]
+
+
+@dataclasses.dataclass
 class _Candidate:
   score: float
   keys: tuple[str, ...]
@@ -452,11 +488,8 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
     k: concepts(k) for k in source.keys() if k not in hinted_keys
   }  # every checkpoint key, folded once
   _gemma2_norms(src_concepts)
-  metas = {k: source.metadata(k) for k in src_concepts}
-  by_layer: dict[tuple[int, ...], list[str]] = {}
-  for k, c in src_concepts.items():
-    by_layer.setdefault(c.indices, []).append(k)
-  convention = _linear_convention(slots, src_concepts, metas, by_layer)
+  ck = _Checkpoint(src_concepts, {k: tuple(source.metadata(k).shape) for k in src_concepts})
+  ck.convention = _linear_convention(slots, ck)
   proposals: dict[str, Proposal] = {}
   ranked: dict[str, list[_Candidate]] = {}
   for slot in slots:
@@ -464,11 +497,8 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
       recipe = ops._check_recipe(hints[slot.name], f"hint for {slot.name!r}")
       proposals[slot.name] = Proposal(slot.name, recipe, "hint", ops.source_keys(recipe))
       continue
-    tc = concepts(slot.name)
-    ranked[slot.name] = _candidates(
-      tc, tuple(slot.shape), src_concepts, metas, by_layer, convention
-    )
-  problems = _choose(slots, ranked, proposals, {k: m.shape for k, m in metas.items()})
+    ranked[slot.name] = _candidates(concepts(slot.name), tuple(slot.shape), ck)
+  problems = _choose(slots, ranked, proposals, ck.shapes)
   _tie_heads(slots, ranked, proposals, problems)
   _cast_to_targets(slots, proposals, source)
   used = {k for p in proposals.values() for k in p.keys} | hinted_keys
@@ -530,12 +560,7 @@ def _cast_to_targets(slots: list[Any], proposals: dict[str, Proposal], source: A
       )
 
 
-def _linear_convention(
-  slots: list[Any],
-  src: dict[str, Concepts],
-  metas: dict[str, Any],
-  by_layer: dict[tuple[int, ...], list[str]],
-) -> str | None:
+def _linear_convention(slots: list[Any], ck: _Checkpoint) -> str | None:
   """``"t"`` if the checkpoint's non-square linear weights are the transpose of the target's
   (PyTorch ``[out, in]``), ``"same"`` if they match as stored (``Conv1D``), None if unknown."""
   votes = {"t": 0, "same": 0}
@@ -546,8 +571,8 @@ def _linear_convention(
       shape, indices = shape[1:], (0,)  # a stacked kernel: compare with layer 0
     if not _is_linear(tc, shape) or shape[0] == shape[1]:
       continue
-    for k in by_layer.get(indices, ()):
-      sc, sshape = src[k], metas[k].shape
+    for k in ck.by_layer.get(indices, ()):
+      sc, sshape = ck.concepts[k], ck.shapes[k]
       if not _is_linear(sc, sshape) or sc.similarity(tc) < 0.75:
         continue
       if sshape == shape:
@@ -561,28 +586,21 @@ def _linear_convention(
   return None
 
 
-def _candidates(
-  tc: Concepts,
-  shape: tuple[int, ...],
-  src: dict[str, Concepts],
-  metas: dict[str, Any],
-  by_layer: dict[tuple[int, ...], list[str]],
-  convention: str | None,
-) -> list[_Candidate]:
+def _candidates(tc: Concepts, shape: tuple[int, ...], ck: _Checkpoint) -> list[_Candidate]:
   out = []
   # one tensor per target (same layer)
-  for k in by_layer.get(tc.indices, ()):
-    out.extend(_single(tc, shape, k, src[k], metas[k].shape, convention))
+  for k in ck.by_layer.get(tc.indices, ()):
+    out.extend(_single(tc, shape, k, ck))
   # a tensor that only one layer has (T5's relative position bias) may sit outside the layers
   if not tc.indices:
-    for k in _single_layer_keys(src):
-      out.extend(_single(tc, shape, k, src[k], metas[k].shape, convention))
+    for k in ck.single_layer_keys:
+      out.extend(_single(tc, shape, k, ck))
   # a fused target (qkv, gate_up) from its separate parts
-  out.extend(_joined(tc, shape, by_layer.get(tc.indices, []), src, metas, convention))
+  out.extend(_joined(tc, shape, ck.by_layer.get(tc.indices, []), ck))
   # a stacked target: (L, ...) from the L per-layer tensors of one name template
   if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
-    out.extend(_stacked(tc, shape, src, metas, convention))
-    out.extend(_stacked_joined(tc, shape, src, metas, by_layer, convention))
+    out.extend(_stacked(tc, shape, ck))
+    out.extend(_stacked_joined(tc, shape, ck))
   out.sort(key=lambda c: -c.score)
   return out
 
@@ -591,12 +609,7 @@ _FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 def _joined(
-  tc: Concepts,
-  shape: tuple[int, ...],
-  keys: Iterable[str],
-  src: dict[str, Concepts],
-  metas: dict[str, Any],
-  convention: str | None,
+  tc: Concepts, shape: tuple[int, ...], keys: Iterable[str], ck: _Checkpoint
 ) -> list[_Candidate]:
   """A fused target (``qkv``, ``gate_up``) as the concatenation of its separate parts."""
   fused = next((f for f in _FUSED_PARTS if f in tc.tokens), None)
@@ -606,6 +619,7 @@ def _joined(
   chosen, scores = [], []
   for part in _FUSED_PARTS[fused]:
     want = Concepts("", base | {part}, (), tc.kind)
+    src = ck.concepts
     ranked = sorted(
       (
         (want.similarity(src[k]), k)
@@ -618,13 +632,13 @@ def _joined(
       return []
     scores.append(ranked[0][0])
     chosen.append(ranked[0][1])
-  shapes = [tuple(metas[k].shape) for k in chosen]
-  transpose = len(shape) == 2 and convention == "t"
+  shapes = [ck.shapes[k] for k in chosen]
+  transpose = len(shape) == 2 and ck.convention == "t"
   if len(shape) == 1:
     if any(len(s) != 1 for s in shapes) or sum(s[0] for s in shapes) != shape[0]:
       return []
   else:
-    if convention is None or any(len(s) != 2 for s in shapes):
+    if ck.convention is None or any(len(s) != 2 for s in shapes):
       return []
     outs = [s[0] if transpose else s[1] for s in shapes]
     ins = {s[1] if transpose else s[0] for s in shapes}
@@ -641,25 +655,19 @@ def _joined(
   return [_Candidate(score, tuple(chosen), f"joined {'+'.join(_FUSED_PARTS[fused])}", build)]
 
 
-def _stacked_joined(
-  tc: Concepts,
-  shape: tuple[int, ...],
-  src: dict[str, Concepts],
-  metas: dict[str, Any],
-  by_layer: dict[tuple[int, ...], list[str]],
-  convention: str | None,
-) -> list[_Candidate]:
+def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: _Checkpoint) -> list[_Candidate]:
   """A stacked fused target: layer 0's joined parts, repeated for every layer."""
   layers = shape[0]
   per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
-  firsts = _joined(per_layer, shape[1:], by_layer.get((0,), []), src, metas, convention)
+  firsts = _joined(per_layer, shape[1:], ck.by_layer.get((0,), []), ck)
   if not firsts:
     return []
   first = firsts[0]
+  src = ck.concepts
   template = {src[k].tokens: k for k in first.keys}
   keys_by_layer = []
   for i in range(layers):
-    at = {src[k].tokens: k for k in by_layer.get((i,), []) if src[k].kind == tc.kind}
+    at = {src[k].tokens: k for k in ck.by_layer.get((i,), []) if src[k].kind == tc.kind}
     if not all(t in at for t in template):
       return []
     keys_by_layer.append([at[t] for t in template])
@@ -679,22 +687,8 @@ def _stacked_joined(
   return [_Candidate(first.score, all_keys, reason, build)]
 
 
-def _single_layer_keys(src: dict[str, Concepts]) -> list[str]:
-  templates: dict[tuple[frozenset[str], str], list[str]] = {}
-  for k, c in src.items():
-    if c.indices:
-      templates.setdefault((c.tokens, c.kind), []).append(k)
-  return [ks[0] for ks in templates.values() if len(ks) == 1]
-
-
-def _single(
-  tc: Concepts,
-  shape: tuple[int, ...],
-  key: str,
-  sc: Concepts,
-  sshape: tuple[int, ...],
-  convention: str | None,
-) -> list[_Candidate]:
+def _single(tc: Concepts, shape: tuple[int, ...], key: str, ck: _Checkpoint) -> list[_Candidate]:
+  sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
   if sc.kind != tc.kind:
     return []
   out = []
@@ -735,26 +729,15 @@ def _oriented(
   return transposed == (convention == "t")
 
 
-def _stacked(
-  tc: Concepts,
-  shape: tuple[int, ...],
-  src: dict[str, Concepts],
-  metas: dict[str, Any],
-  convention: str | None,
-) -> list[_Candidate]:
-  templates: dict[tuple[frozenset[str], str], dict[int, str]] = {}
-  for k, c in src.items():
-    if len(c.indices) == 1 and "layers" in c.tokens:
-      templates.setdefault((c.tokens, c.kind), {})[c.indices[0]] = k
+def _stacked(tc: Concepts, shape: tuple[int, ...], ck: _Checkpoint) -> list[_Candidate]:
   out = []
   layers = shape[0]
-  for (_, kind), by_index in templates.items():
+  per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
+  for (_, kind), by_index in ck.layer_templates.items():
     if kind != tc.kind or sorted(by_index) != list(range(layers)):
       continue
     keys = [by_index[i] for i in range(layers)]
-    sample = src[keys[0]]
-    per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
-    for single in _single(per_layer, shape[1:], keys[0], sample, metas[keys[0]].shape, convention):
+    for single in _single(per_layer, shape[1:], keys[0], ck):
       if single.fused is not None:
         out.append(
           _Candidate(
