@@ -293,17 +293,11 @@ class OrbaxSource(source_lib.BaseSource):
     return [value for value, _ in issued]
 
   def _physical_bytes(self, key: str, region: sel_lib.Region) -> int:
-    meta, _, chunk = self._entries[key]
-    if not chunk or len(chunk) != len(meta.shape):
-      return super()._physical_bytes(key, region)
-    extent = 1
-    for (a, b), c, dim in zip(region, chunk, meta.shape):
-      if b <= a:
-        return 0
-      first = (a // c) * c
-      last = min(-(-b // c) * c, dim)
-      extent *= last - first
-    return extent * meta.dtype.itemsize
+    """The bytes of the whole chunks ``region`` touches: what the storage serves."""
+    if any(b <= a for a, b in region):
+      return 0
+    box = self.storage_box(key, region)
+    return source_lib.nbytes_of(sel_lib.region_shape(box), self._entries[key][0].dtype)
 
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """``box`` widened to whole storage chunks (tensorstore decodes whole chunks anyway)."""
