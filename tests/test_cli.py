@@ -162,6 +162,11 @@ def test_match_prints_the_table_and_the_code(tmp_path):
     "match", str(tmp_path / "sq.safetensors"), "--target", "cli_targets:square", cwd=tmp_path
   )
   assert r.returncode == 1 and "fc/kernel: ambiguous" in r.stdout
+  r = run_cli(
+    "match", str(tmp_path / "m.safetensors"), "--target", "cli_targets:good", cwd=tmp_path
+  )
+  assert r.returncode == 1 and "match takes only 'recipes' (as hints)" in r.stderr
+  assert "['rename'] are plan options" in r.stderr
 
 
 def test_errors_are_one_line_unless_debug(tmp_path):

@@ -509,6 +509,19 @@ def test_a_dtype_change_is_an_explicit_cast():
   np.testing.assert_array_equal(got["layers/mlp/up/kernel"], want)
 
 
+def test_a_path_for_the_source_or_a_target_without_arrays_is_refused():
+  with pytest.raises(
+    TypeError, match=r"match: source must be a checkpoint source .*got str 'ckpt/'"
+  ):
+    prj.match({"w": sds((2,))}, "ckpt/")
+  with pytest.raises(TypeError, match=r"plan_restore: source must be a checkpoint source"):
+    prj.plan_restore({"w": sds((2,))}, {"w": np.ones(2, np.float32)})
+  with pytest.raises(
+    prj.MatchError, match=r"the target holds no array parameters \(got str 'params'\)"
+  ):
+    prj.match("params", MemorySource({"w": np.ones(2, np.float32)}))
+
+
 def test_a_square_kernel_without_a_convention_is_ambiguous():
   src = MemorySource({"attn.q.weight": rand(D, D)})
   with pytest.raises(prj.MatchError, match="ambiguous"):

@@ -161,6 +161,12 @@ def cmd_match(args: argparse.Namespace) -> int:
 
   src = open_source(args.path, step=args.step, item=args.item)
   target, options = _load_target(args.target)
+  unused = sorted(set(options) - {"recipes"})
+  if unused:
+    raise ValueError(
+      f"--target {args.target}: match takes only 'recipes' (as hints) besides 'target'; "
+      f"{unused} are plan options: drop them here, pass them to plan_restore or restore"
+    )
   try:
     mapping = match(target, src, hints=options.get("recipes"))
   except errors.MatchError as e:

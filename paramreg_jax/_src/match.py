@@ -39,6 +39,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import plan as plan_lib
+from paramreg_jax._src import source as source_lib
 from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
@@ -473,7 +474,14 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
     Match: 1 parameters from MemorySource(3 tensors)
       layers/mlp/up/kernel  <- stack(3 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)), axis=0)   [name + transpose, stacked 3 layers]
   """
+  source_lib.check_source(source, "match")
   _, _, slots = target_lib.slots(target)
+  if not slots:
+    raise errors.MatchError(
+      f"match: the target holds no array parameters (got {type(target).__name__} "
+      f"{target!r:.60}); pass an abstract tree (jax.eval_shape or nnx.eval_shape output), "
+      "linen params, an nnx.State or nnx.Module, or an equinox module"
+    )
   hints = {str(k).removeprefix("n:"): v for k, v in (hints or {}).items()}
   names = [s.name for s in slots]
   unknown = [h for h in hints if h not in set(names)]

@@ -264,6 +264,7 @@ def plan_restore(
     >>> src.stats.reads
     0
   """
+  source_lib.check_source(source, "plan_restore")
   if dtype_policy not in ("exact", "cast"):
     raise ValueError(f"dtype_policy must be 'exact' or 'cast', got {dtype_policy!r}")
   _, _, slots = target_lib.slots(target)

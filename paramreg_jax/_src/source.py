@@ -23,6 +23,17 @@ from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
 
 
+def check_source(source: Any, where: str) -> None:
+  """A clear ``TypeError`` unless ``source`` is a checkpoint source (it has ``keys`` and
+  ``metadata``): a path or a dict of arrays is the usual slip."""
+  if not (callable(getattr(source, "keys", None)) and callable(getattr(source, "metadata", None))):
+    raise TypeError(
+      f"{where}: source must be a checkpoint source such as prj.SafetensorsSource(path), "
+      f"prj.OrbaxSource(path) or prj.sources.MemorySource(arrays); got {type(source).__name__} "
+      f"{source!r:.60}"
+    )
+
+
 def has_key(source: Any, key: str) -> bool:
   """Whether ``source`` holds ``key``: O(1) for our sources, any protocol object otherwise."""
   if isinstance(source, BaseSource):
