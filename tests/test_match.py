@@ -493,6 +493,19 @@ def test_a_hint_for_a_parameter_the_target_lacks_is_refused():
   target = {"attn": {"q": {"kernel": sds((D, D))}}}
   with pytest.raises(prj.MatchError, match=r"'attn/q/kernal'.*did you mean.*attn/q/kernel"):
     prj.match(target, src, hints={"attn/q/kernal": R.source("attn.q.weight")})
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(
+      target,
+      src,
+      hints={"attn/q/kernel": R.source("attn.q.wieght")},
+    )
+  assert "hint for 'attn/q/kernel': source('attn.q.wieght'): the checkpoint has no tensor" in str(
+    info.value
+  ) and "did you mean 'attn.q.weight'" in str(info.value)
+  with pytest.raises(
+    prj.MatchError, match=r"produces \(16, 8\) float32, the parameter is \(16, 16\)"
+  ):
+    prj.match(target, src, hints={"attn/q/kernel": R.source("attn.q.weight", prj.Range(1, 0, 8))})
   m = prj.match(target, src, hints={"n:attn/q/kernel": R.source("attn.q.weight")})
   assert m.rows() == [("attn/q/kernel", "source('attn.q.weight')", "hint")]
 

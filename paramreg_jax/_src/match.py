@@ -491,6 +491,24 @@ def match(target: Any, source: Any, *, hints: Mapping[str, Any] | None = None) -
       + "; ".join(f"{h!r}{errors.did_you_mean(h, names)}" for h in unknown),
       tuple(unknown),
     )
+  by_name = {s.name: s for s in slots}
+  bad_hints = []
+  for name, recipe in hints.items():  # a hint is the user's own recipe: checked as one, now
+    try:
+      meta = ops.infer(ops._check_recipe(recipe, f"hint for {name!r}"), source)
+    except errors.RecipeError as e:
+      bad_hints.append(f"hint for {name!r}: {e}")
+      continue
+    slot = by_name[name]
+    if (meta.shape, meta.dtype) != (tuple(slot.shape), np.dtype(slot.dtype)):
+      bad_hints.append(
+        f"hint for {name!r}: {recipe} produces {meta}, the parameter is "
+        f"{tuple(slot.shape)} {np.dtype(slot.dtype).name}"
+      )
+  if bad_hints:
+    raise errors.MatchError(
+      errors.collected("use the hints", bad_hints, "nothing was chosen"), tuple(bad_hints)
+    )
   hinted_keys = {k for r in hints.values() for k in ops.source_keys(r)}
   src_concepts = {
     k: concepts(k) for k in source.keys() if k not in hinted_keys
