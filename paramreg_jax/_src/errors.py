@@ -85,6 +85,10 @@ class MalformedIndexError(StoreError):
   """A sharded safetensors index (``model.safetensors.index.json``) is malformed."""
 
 
+class MalformedConfigError(StoreError):
+  """A checkpoint's ``config.json`` exists but is not a JSON object."""
+
+
 class UnsafeShardPathError(StoreError):
   """A shard index points outside its directory (``../``, absolute paths, links out)."""
 

@@ -2,6 +2,7 @@
 
 from paramreg_jax._src.errors import ContradictoryIndexMappingError
 from paramreg_jax._src.errors import InvalidRegionError
+from paramreg_jax._src.errors import MalformedConfigError
 from paramreg_jax._src.errors import MalformedIndexError
 from paramreg_jax._src.errors import MalformedSafetensorsError
 from paramreg_jax._src.errors import MissingShardError
@@ -27,6 +28,7 @@ __all__ = (
   "Full",
   "Indices",
   "InvalidRegionError",
+  "MalformedConfigError",
   "MalformedIndexError",
   "MalformedSafetensorsError",
   "MemorySource",

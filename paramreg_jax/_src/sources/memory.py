@@ -14,6 +14,10 @@ from paramreg_jax._src import source as source_lib
 class MemorySource(source_lib.BaseSource):
   """A source over a mapping ``name -> array`` (numpy, jax or anything ``np.asarray`` takes).
 
+  Args:
+    tensors: ``{name: array}``.
+    config: the model's description (a parsed ``config.json``) for :func:`match`, if any.
+
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax.sources import MemorySource
@@ -22,10 +26,13 @@ class MemorySource(source_lib.BaseSource):
     (('a', 'b'), TensorMetadata(shape=(2, 2), dtype=dtype('float32'), nbytes=16))
   """
 
-  def __init__(self, tensors: Mapping[str, Any]):
+  def __init__(self, tensors: Mapping[str, Any], *, config: Mapping[str, Any] | None = None):
     super().__init__()
     if not isinstance(tensors, Mapping):
       raise TypeError(f"MemorySource takes a mapping name -> array, got {type(tensors).__name__}")
+    if config is not None and not isinstance(config, Mapping):
+      raise TypeError(f"MemorySource config must be a mapping, got {type(config).__name__}")
+    self.config = dict(config) if config is not None else None
     self._arrays: dict[str, np.ndarray] = {}
     for k, v in tensors.items():
       if not isinstance(k, str) or not k:

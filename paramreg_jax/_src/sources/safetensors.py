@@ -14,6 +14,7 @@ read touches only the rows that hold it, in bounded chunks.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -252,6 +253,8 @@ class SafetensorsSource(source_lib.BaseSource):
     >>> src = SafetensorsSource(path)
     >>> src.metadata("w"), src.lease("w").read((slice(1, 2),)).tolist()
     (TensorMetadata(shape=(2, 3), dtype=dtype('float32'), nbytes=24), [[3.0, 4.0, 5.0]])
+    >>> src.config is None  # no config.json beside the file
+    True
   """
 
   def __init__(self, path: str | os.PathLike[str]):
@@ -276,6 +279,28 @@ class SafetensorsSource(source_lib.BaseSource):
       raise errors.MissingShardError(f"{self.path}: no such file or directory")
     self._keys = tuple(sorted(self._where))
     self._batch = threading.local()  # descriptors of the current thread's read_many
+
+  @functools.cached_property
+  def config(self) -> dict[str, Any] | None:
+    """The ``config.json`` beside the weights (a Hugging Face model's description: model type,
+    head counts, tied embeddings), parsed; None if there is none. ``match`` reads it.
+
+    Raises:
+      MalformedConfigError: the file exists but is not a JSON object.
+    """
+    folder = self.path if self.path.is_dir() else self.path.parent
+    path = folder / "config.json"
+    if not path.is_file():
+      return None
+    try:
+      data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+      raise errors.MalformedConfigError(f"{path}: cannot parse the model config: {e}") from None
+    if not isinstance(data, dict):
+      raise errors.MalformedConfigError(
+        f"{path}: the model config is a JSON {type(data).__name__}, not an object"
+      )
+    return data
 
   def _add(self, f: _File, allowed: set[str] | None = None) -> None:
     for key in f.entries:

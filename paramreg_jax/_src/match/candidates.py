@@ -1,0 +1,249 @@
+"""Candidates: the ways a checkpoint tensor (or several) can become one target parameter.
+
+The same shape; a transpose (``[out, in]`` -> ``[in, out]``); heads split or merged (a
+reshape, after a transpose if needed); a conv kernel ``OIHW -> HWIO``; one part of a fused
+``qkv``/``gate_up`` tensor; the separate parts joined into a fused target; and each of these
+repeated over the layers of a stacked target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from paramreg_jax._src.match.evidence import Checkpoint
+from paramreg_jax._src.match.evidence import is_linear
+from paramreg_jax._src.match.vocabulary import Concepts
+from paramreg_jax._src.recipes import ops
+
+
+def _reshapes(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+  """Whether a row-major reshape ``src -> dst`` only splits or merges adjacent axes."""
+  if math.prod(src) != math.prod(dst):
+    return False
+  a = set(itertools.accumulate(src, lambda x, y: x * y))
+  b = set(itertools.accumulate(dst, lambda x, y: x * y))
+  return a <= b or b <= a
+
+
+def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[tuple[str, Any]]:
+  """The ways ``src`` becomes ``dst``: ``[(reason, recipe builder)]`` (``"t"`` = transposed)."""
+  out: list[tuple[str, Any]] = []
+  if src == dst:
+    out.append(("same", lambda r: r))
+  if len(src) == 4 and dst == (src[2], src[3], src[1], src[0]) and src != dst:
+    out.append(("conv", lambda r: ops.transpose(r, (2, 3, 1, 0))))  # OIHW -> HWIO
+  if linear and len(src) == 2 and src[::-1] == dst:
+    out.append(("t", lambda r: ops.transpose(r, (1, 0))))
+  if len(src) == 2 and src != dst and src[::-1] != dst:
+    if _reshapes(src[::-1], dst):
+      out.append(("t+heads", lambda r: ops.reshape(ops.transpose(r, (1, 0)), dst)))
+    if _reshapes(src, dst):
+      out.append(("heads", lambda r: ops.reshape(r, dst)))
+  elif len(src) != 2 and src != dst and _reshapes(src, dst):
+    out.append(("heads", lambda r: ops.reshape(r, dst)))
+  return out
+
+
+@dataclasses.dataclass
+class Candidate:
+  """One way to build a target parameter: from ``keys``, scored by name ``score``."""
+
+  score: float
+  keys: tuple[str, ...]
+  reason: str
+  build: Any  # () -> recipe
+  # (key, axis) of a fused tensor this is a part of; (layer keys, axis) when stacked
+  fused: tuple[str | tuple[str, ...], int] | None = None
+
+
+def candidates(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  out = []
+  # one tensor per target (same layer)
+  for k in ck.by_layer.get(tc.indices, ()):
+    out.extend(_single(tc, shape, k, ck))
+  # a tensor that only one layer has (T5's relative position bias) may sit outside the layers
+  if not tc.indices:
+    for k in ck.single_layer_keys:
+      out.extend(_single(tc, shape, k, ck))
+  # a fused target (qkv, gate_up) from its separate parts
+  out.extend(_joined(tc, shape, ck.by_layer.get(tc.indices, []), ck))
+  # a stacked target: (L, ...) from the L per-layer tensors of one name template
+  if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
+    out.extend(_stacked(tc, shape, ck))
+    out.extend(_stacked_joined(tc, shape, ck))
+  out.sort(key=lambda c: -c.score)
+  return out
+
+
+_FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+def _joined(
+  tc: Concepts, shape: tuple[int, ...], keys: Iterable[str], ck: Checkpoint
+) -> list[Candidate]:
+  """A fused target (``qkv``, ``gate_up``) as the concatenation of its separate parts."""
+  fused = next((f for f in _FUSED_PARTS if f in tc.tokens), None)
+  if fused is None or len(shape) not in (1, 2):
+    return []
+  base = tc.tokens - {fused}
+  chosen, scores = [], []
+  for part in _FUSED_PARTS[fused]:
+    want = Concepts("", base | {part}, (), tc.kind)
+    src = ck.concepts
+    ranked = sorted(
+      (
+        (want.similarity(src[k]), k)
+        for k in keys
+        if src[k].kind == tc.kind and src[k].tokens & set(_FUSED_PARTS[fused]) == {part}
+      ),
+      reverse=True,
+    )
+    if not ranked or (len(ranked) > 1 and ranked[0][0] == ranked[1][0]):
+      return []
+    scores.append(ranked[0][0])
+    chosen.append(ranked[0][1])
+  shapes = [ck.shapes[k] for k in chosen]
+  transpose = len(shape) == 2 and ck.convention == "t"
+  if len(shape) == 1:
+    if any(len(s) != 1 for s in shapes) or sum(s[0] for s in shapes) != shape[0]:
+      return []
+  else:
+    if ck.convention not in ("t", "same") or any(len(s) != 2 for s in shapes):
+      return []
+    outs = [s[0] if transpose else s[1] for s in shapes]
+    ins = {s[1] if transpose else s[0] for s in shapes}
+    if ins != {shape[0]} or sum(outs) != shape[1]:
+      return []
+
+  def build() -> ops.Recipe:
+    parts: list[ops.Recipe] = [ops.source(k) for k in chosen]
+    if transpose:
+      parts = [ops.transpose(p, (1, 0)) for p in parts]
+    return ops.concatenate(parts, axis=len(shape) - 1)
+
+  score = sum(scores) / len(scores)
+  return [Candidate(score, tuple(chosen), f"joined {'+'.join(_FUSED_PARTS[fused])}", build)]
+
+
+def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  """A stacked fused target: layer 0's joined parts, repeated for every layer."""
+  layers = shape[0]
+  per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
+  firsts = _joined(per_layer, shape[1:], ck.by_layer.get((0,), []), ck)
+  if not firsts:
+    return []
+  first = firsts[0]
+  src = ck.concepts
+  template = {src[k].tokens: k for k in first.keys}
+  keys_by_layer = []
+  for i in range(layers):
+    at = {src[k].tokens: k for k in ck.by_layer.get((i,), []) if src[k].kind == tc.kind}
+    if not all(t in at for t in template):
+      return []
+    keys_by_layer.append([at[t] for t in template])
+  zero = first.build()
+
+  def build() -> ops.Recipe:
+    layer_recipes = []
+    for keys in keys_by_layer:
+      r = zero
+      for old, new in zip(first.keys, keys):
+        r = _rekey(r, old, new)
+      layer_recipes.append(r)
+    return ops.stack(layer_recipes, axis=0)
+
+  all_keys = tuple(k for keys in keys_by_layer for k in keys)
+  reason = f"{first.reason}, stacked {layers} layers"
+  return [Candidate(first.score, all_keys, reason, build)]
+
+
+def _single(tc: Concepts, shape: tuple[int, ...], key: str, ck: Checkpoint) -> list[Candidate]:
+  sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
+  if sc.kind != tc.kind:
+    return []
+  out = []
+  score = tc.similarity(sc)
+  for how, build in _layouts(sshape, shape, is_linear(sc, sshape)):
+    if _oriented(how, convention, tc, sc, sshape):
+      out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
+  # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
+  part = tc.tokens & {"q", "k", "v", "gate", "up"}
+  fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
+  if len(part) == 1 and fused in sc.tokens and len(sshape) in (1, 2):
+    rest_t = Concepts("", tc.tokens - part, (), "")
+    score = rest_t.similarity(Concepts("", sc.tokens - {fused}, (), ""))
+    axis = 1 if len(sshape) == 2 and convention == "same" else 0
+    if len(sshape) == 1 or convention in (
+      "t",
+      "same",
+    ):  # a weight's fused axis needs the convention
+      out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
+  return out
+
+
+_REASONS = {
+  "same": "name",
+  "t": "name + transpose",
+  "heads": "name + heads reshaped",
+  "t+heads": "name + transpose + heads reshaped",
+  "conv": "name + conv kernel OIHW -> HWIO",
+}
+
+
+def _oriented(
+  how: str, convention: str | None, tc: Concepts, sc: Concepts, src: tuple[int, ...]
+) -> bool:
+  """Whether a layout fits the checkpoint's orientation of linear weights."""
+  if not (is_linear(sc, src) and is_linear(tc, (0, 0))):
+    return how in ("same", "heads", "conv")
+  if convention == "conflict":
+    return False  # the evidence disagrees: no linear weight is oriented by guess
+  if convention is None:
+    return True  # both offered: a square kernel is then ambiguous, never guessed
+  transposed = how.startswith("t")
+  return transposed == (convention == "t")
+
+
+def _stacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  out = []
+  layers = shape[0]
+  per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
+  for (_, kind), by_index in ck.layer_templates.items():
+    if kind != tc.kind or sorted(by_index) != list(range(layers)):
+      continue
+    keys = [by_index[i] for i in range(layers)]
+    for single in _single(per_layer, shape[1:], keys[0], ck):
+      if single.fused is not None:
+        out.append(
+          Candidate(
+            single.score, tuple(keys), single.reason, None, fused=(tuple(keys), single.fused[1])
+          )
+        )
+        continue
+      first = single.build()
+
+      def build(first: ops.Recipe = first, keys: list[str] = keys) -> ops.Recipe:
+        return ops.stack([_rekey(first, keys[0], k) for k in keys], axis=0)
+
+      out.append(
+        Candidate(single.score, tuple(keys), f"{single.reason}, stacked {layers} layers", build)
+      )
+  return out
+
+
+def _rekey(recipe: ops.Recipe, old: str, new: str) -> ops.Recipe:
+  if isinstance(recipe, ops.Source):
+    return ops.Source(new, recipe.selection) if recipe.key == old else recipe
+  fields = {}
+  for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
+    value = getattr(recipe, f.name)
+    if isinstance(value, ops.Recipe):
+      value = _rekey(value, old, new)
+    elif isinstance(value, tuple) and value and isinstance(value[0], ops.Recipe):
+      value = tuple(_rekey(v, old, new) for v in value)
+    fields[f.name] = value
+  return type(recipe)(**fields)

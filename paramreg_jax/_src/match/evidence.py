@@ -1,0 +1,292 @@
+"""Evidence about the checkpoint beyond its names: what its ``config.json`` says (model type,
+head counts, tied embeddings, the layout of its fused tensors) and the orientation of its linear
+weights, read from its shapes. ``match`` changes a layout only when this evidence determines it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from paramreg_jax._src.match.vocabulary import Concepts
+from paramreg_jax._src.match.vocabulary import concepts
+
+# The layouts a fused q/k/v (or gate/up) tensor is stored in, along its fused axis.
+LAYOUTS = {
+  "contiguous": "[q | k | v] one after the other",
+  "per_head": "per head, [heads, 3, head_dim] (GPT-NeoX, Bloom, Falcon without multi-query)",
+  "grouped": "per kv group, [kv_heads, heads / kv_heads + 2, head_dim] (Falcon's new decoder)",
+  "blocked_qvk4": "4 blocks of [q | v | k] (CodeGen)",
+}
+
+# model_type -> the layout of its fused qkv; Falcon depends on two config flags (below)
+_QKV_LAYOUTS = {
+  "gpt2": "contiguous",
+  "gpt_bigcode": "contiguous",
+  "phi3": "contiguous",
+  "mpt": "contiguous",
+  "gpt_neox": "per_head",
+  "gpt_neox_japanese": "per_head",
+  "bloom": "per_head",
+  "codegen": "blocked_qvk4",
+}
+_GATE_UP_LAYOUTS = {"phi3": "contiguous"}  # [gate | up]
+# Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
+# torch.nn.Linear ([out, in]).
+_CONV1D_TYPES = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+  """What a checkpoint's own description (``config.json``) says, for ``match``."""
+
+  model_type: str | None = None
+  heads: int | None = None
+  kv_heads: int | None = None
+  head_dim: int | None = None
+  tied: bool | None = None  # tie_word_embeddings
+  convention: str | None = None  # of its linear weights: "t" ([out, in]) or "same" ([in, out])
+  qkv_layout: str | None = None  # a key of LAYOUTS
+  gate_up_layout: str | None = None
+
+  def rows(self) -> list[tuple[str, str]]:
+    """``(fact, value)`` for the table: only what the config said."""
+    out = []
+    if self.model_type:
+      out.append(("model_type", self.model_type))
+    if self.heads:
+      heads = f"{self.heads}" + (f" (kv {self.kv_heads})" if self.kv_heads != self.heads else "")
+      out.append(("attention heads", f"{heads} x {self.head_dim}"))
+    if self.tied is not None:
+      out.append(("tie_word_embeddings", str(self.tied).lower()))
+    if self.convention:
+      out.append(("linear weights", "[out, in]" if self.convention == "t" else "[in, out]"))
+    if self.qkv_layout:
+      out.append(("fused qkv", LAYOUTS[self.qkv_layout]))
+    if self.gate_up_layout:
+      out.append(("fused gate_up", "[gate | up] one after the other"))
+    return out
+
+
+def _int(config: Mapping[str, Any], *names: str) -> int | None:
+  for n in names:
+    v = config.get(n)
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+      return v
+  return None
+
+
+def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
+  """Reads a Hugging Face ``config.json`` (a dict); ``Facts()`` for None or another format.
+
+  Examples:
+    >>> from paramreg_jax._src.match.evidence import facts_from_config
+    >>> f = facts_from_config({"model_type": "gpt_neox", "num_attention_heads": 4,
+    ...                        "hidden_size": 32, "tie_word_embeddings": False})
+    >>> f.qkv_layout, f.heads, f.head_dim, f.tied, f.convention
+    ('per_head', 4, 8, False, 't')
+  """
+  if not isinstance(config, Mapping):
+    return Facts()
+  config = dict(config)
+  for sub in ("text_config",):  # multimodal configs nest the language model's
+    if isinstance(config.get(sub), Mapping) and "model_type" not in config:
+      config = dict(config[sub])
+  model_type = config.get("model_type")
+  if not isinstance(model_type, str):
+    return Facts()
+  heads = _int(config, "num_attention_heads", "n_head", "n_heads", "num_heads")
+  hidden = _int(config, "hidden_size", "n_embd", "d_model", "dim")
+  kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads
+  qkv = _QKV_LAYOUTS.get(model_type)
+  if model_type == "falcon":
+    if config.get("new_decoder_architecture"):
+      qkv = "grouped"
+    elif config.get("multi_query", True):
+      qkv, kv = "contiguous", 1
+    else:
+      qkv, kv = "per_head", heads
+  head_dim = _int(config, "head_dim", "kv_channels") or (
+    hidden // heads if hidden and heads else None
+  )
+  tied = config.get("tie_word_embeddings")
+  return Facts(
+    model_type=model_type,
+    heads=heads,
+    kv_heads=kv,
+    head_dim=head_dim,
+    tied=tied if isinstance(tied, bool) else None,
+    convention="same" if model_type in _CONV1D_TYPES else "t",
+    qkv_layout=qkv,
+    gate_up_layout=_GATE_UP_LAYOUTS.get(model_type),
+  )
+
+
+def layout_by_name(key: str) -> str | None:
+  """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``."""
+  return "contiguous" if re.search(r"(^|\.)attn\.c_attn\.", key) else None
+
+
+def part_rows(
+  layout: str, parts: tuple[str, ...], widths: list[int], facts: Facts
+) -> dict[str, list[int]] | str:
+  """The indices along the fused axis of each part (q, k, v / gate, up), or why they are
+  unknown. ``widths`` are the parts' sizes as the target wants them."""
+  if layout == "contiguous":
+    out, start = {}, 0
+    for part, width in zip(parts, widths):
+      out[part] = list(range(start, start + width))
+      start += width
+    return out
+  h, kv, d = facts.heads, facts.kv_heads, facts.head_dim
+  if not (h and kv and d):
+    return "the config gives no head counts"
+  if widths != [h * d, kv * d, kv * d]:
+    return f"the parts' widths {widths} are not the config's heads ({h} q, {kv} kv, head_dim {d})"
+  if layout == "per_head":
+    return {
+      p: [i * 3 * d + n * d + j for i in range(h) for j in range(d)] for n, p in enumerate(parts)
+    }
+  if layout == "grouped":
+    r = h // kv
+    return {
+      "q": [(g * (r + 2) + i) * d + j for g in range(kv) for i in range(r) for j in range(d)],
+      "k": [(g * (r + 2) + r) * d + j for g in range(kv) for j in range(d)],
+      "v": [(g * (r + 2) + r + 1) * d + j for g in range(kv) for j in range(d)],
+    }
+  if layout == "blocked_qvk4":
+    local = h * d // 4
+    offset = {"q": 0, "v": 1, "k": 2}
+    return {
+      p: [m * 3 * local + offset[p] * local + j for m in range(4) for j in range(local)]
+      for p in parts
+    }
+  return f"unknown layout {layout!r}"
+
+
+@dataclasses.dataclass
+class Checkpoint:
+  """The checkpoint as ``match`` sees it: every key's concepts and shape, grouped once, and the
+  evidence about it."""
+
+  concepts: dict[str, Concepts]
+  shapes: dict[str, tuple[int, ...]]
+  facts: Facts = dataclasses.field(default_factory=Facts)
+  # of its linear weights: "t" ([out, in]), "same", None (unknown), "conflict" (refuse)
+  convention: str | None = None
+  conflict: str | None = None  # the problem when the orientation evidence disagrees
+
+  def restricted(self, keys: set[str]) -> Checkpoint:
+    """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
+    return Checkpoint(
+      {k: c for k, c in self.concepts.items() if k in keys},
+      {k: s for k, s in self.shapes.items() if k in keys},
+      self.facts,
+      self.convention,
+      self.conflict,
+    )
+
+  @functools.cached_property
+  def by_layer(self) -> dict[tuple[int, ...], list[str]]:
+    """Keys by their layer numbers (``()`` for keys outside the layers)."""
+    out: dict[tuple[int, ...], list[str]] = {}
+    for k, c in self.concepts.items():
+      out.setdefault(c.indices, []).append(k)
+    return out
+
+  @functools.cached_property
+  def layer_templates(self) -> dict[tuple[frozenset[str], str], dict[int, str]]:
+    """``{(concepts, kind): {layer: key}}`` of the per-layer tensors (one name template each)."""
+    out: dict[tuple[frozenset[str], str], dict[int, str]] = {}
+    for k, c in self.concepts.items():
+      if len(c.indices) == 1 and "layers" in c.tokens:
+        out.setdefault((c.tokens, c.kind), {})[c.indices[0]] = k
+    return out
+
+  @functools.cached_property
+  def single_layer_keys(self) -> list[str]:
+    """Keys whose name template occurs in one layer only (T5's relative position bias)."""
+    templates: dict[tuple[frozenset[str], str], list[str]] = {}
+    for k, c in self.concepts.items():
+      if c.indices:
+        templates.setdefault((c.tokens, c.kind), []).append(k)
+    return [ks[0] for ks in templates.values() if len(ks) == 1]
+
+
+def model_prefix(keys: list[str]) -> frozenset[str]:
+  """A leading component most keys share and the vocabulary does not know: the model's own
+  prefix (``gpt_neox.``, ``roberta.``), noise when comparing names."""
+  counts: dict[str, int] = {}
+  for k in keys:
+    first = re.split(r"[./]", k, maxsplit=1)[0].lower()
+    counts[first] = counts.get(first, 0) + 1
+  return frozenset(
+    w
+    for w, n in counts.items()
+    if 2 * n >= len(keys)
+    and w not in ("encoder", "decoder", "embeddings", "layers", "layer", "h", "blocks")
+    and concepts(w).tokens - {"w"} == {w}
+  )
+
+
+def gemma2_norms(src: dict[str, Concepts]) -> None:
+  """Gemma 2/3 normalise both sides of each sublayer: there ``post_attention_layernorm`` is the
+  attention's *post*-norm (``pre_feedforward_layernorm`` is the MLP's), while in Llama it is
+  the norm before the MLP. The checkpoint itself says which: it has ``pre_feedforward``."""
+  if not any("pre_feedforward_layernorm" in k for k in src):
+    return
+  for k, c in src.items():
+    if "post_attention_layernorm" in k:
+      tokens = (c.tokens - {"mlp"}) | {"attn", "post"}
+      src[k] = dataclasses.replace(c, tokens=frozenset(tokens))
+
+
+def is_linear(c: Concepts, shape: tuple[int, ...]) -> bool:
+  """A 2-D weight that multiplies (so its orientation matters); not a lookup table or a norm."""
+  return c.kind == "w" and len(shape) == 2 and not c.tokens & {"embed", "norm", "relpos"}
+
+
+def linear_convention(slots: list[Any], ck: Checkpoint) -> tuple[str | None, str | None]:
+  """The orientation of the checkpoint's linear weights and a problem if the evidence conflicts.
+
+  The config says it for a Hugging Face checkpoint; the non-square weights say it too (compared
+  with the target parameters of the same name): ``"t"`` if they are the transpose of the
+  target's (PyTorch ``[out, in]``), ``"same"`` if they match as stored (``Conv1D``).
+  """
+  votes: dict[str, list[str]] = {"t": [], "same": []}
+  for slot in slots:
+    tc = concepts(slot.name)
+    shape, indices = tuple(slot.shape), tc.indices
+    if not indices and "layers" in tc.tokens and len(shape) == 3:
+      shape, indices = shape[1:], (0,)  # a stacked kernel: compare with layer 0
+    if not is_linear(tc, shape) or shape[0] == shape[1]:
+      continue
+    for k in ck.by_layer.get(indices, ()):
+      sc, sshape = ck.concepts[k], ck.shapes[k]
+      if not is_linear(sc, sshape) or sc.similarity(tc) < 0.75:
+        continue
+      if sshape == shape:
+        votes["same"].append(f"{k} {sshape} = {slot.name}")
+      elif sshape[::-1] == shape:
+        votes["t"].append(f"{k} {sshape} = transposed {slot.name}")
+  said = ck.facts.convention
+  shapes_say = [c for c in ("t", "same") if votes[c]]
+  if said and (not shapes_say or shapes_say == [said]):
+    return said, None
+  if not said and len(shapes_say) <= 1:
+    return (shapes_say[0] if shapes_say else None), None
+  against = votes["same" if said == "t" else "t"] if said else votes["same"]
+  problem = (
+    "the checkpoint's linear weights have no single orientation: "
+    + (f"its config.json ({ck.facts.model_type}) says {_ORIENT[said]}, but " if said else "")
+    + f"{'; '.join(against[:2])}"
+    + (f"; while {'; '.join(votes['t'][:2])}" if not said else "")
+    + ". No linear weight is assigned; check the target's kernel layouts, or pass hints"
+  )
+  return "conflict", problem
+
+
+_ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}

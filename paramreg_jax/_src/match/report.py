@@ -1,0 +1,180 @@
+"""The report: a :class:`Match` is the proposed :class:`RecipeSet` that explains itself (a
+table, HTML, the evidence it used, and equivalent code to pin)."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.recipes import sets
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+  """One target parameter's proposed recipe and why."""
+
+  target: str
+  recipe: ops.Recipe | None
+  reason: str
+  keys: tuple[str, ...]
+  alias_of: str | None = None
+
+
+class Match(sets.RecipeSet):
+  """The proposed mapping: a :class:`RecipeSet` (pass it as ``recipes=``) that explains itself.
+
+  Attributes:
+    proposals: one :class:`Proposal` per target parameter, in target order.
+    ignored_keys: checkpoint keys no target parameter needs (``restore`` skips them).
+    facts: ``(fact, value)`` pairs the checkpoint's ``config.json`` contributed (model type,
+      head counts, tied embeddings, the layout of fused tensors); empty without a config.
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> import paramreg_jax as prj
+    >>> from paramreg_jax.sources import MemorySource
+    >>> src = MemorySource({"attn.q_proj.weight": np.zeros((4, 2), np.float32), "step": np.zeros((), np.int32)})
+    >>> m = prj.match({"attn": {"q": {"kernel": jax.ShapeDtypeStruct((2, 4), np.float32)}}}, src)
+    >>> dict(m), m.ignored_keys
+    ({'attn/q/kernel': Transpose(input=Source(key='attn.q_proj.weight', selection=Full()), axes=(1, 0))}, ('step',))
+    >>> m.rows()
+    [('attn/q/kernel', "transpose(source('attn.q_proj.weight'), (1, 0))", 'name + transpose')]
+  """
+
+  def __init__(
+    self,
+    proposals: list[Proposal],
+    ignored_keys: Iterable[str],
+    source: Any,
+    facts: Iterable[tuple[str, str]] = (),
+  ):
+    self.proposals = tuple(proposals)
+    self.source = source
+    self.facts = tuple(facts)
+    outputs = {p.target: p.recipe for p in proposals if p.recipe is not None}
+    aliases = {p.target: str(p.alias_of) for p in proposals if p.alias_of is not None}
+    super().__init__(outputs, aliases=aliases, ignore=ignored_keys)
+
+  def __repr__(self) -> str:
+    return f"Match({len(self.proposals)} parameters from {self.source!r}; print() it for the table)"
+
+  def rows(self) -> list[tuple[str, str, str]]:
+    """``(target, checkpoint expression, reason)`` per parameter."""
+    return [
+      (p.target, f"alias of {p.alias_of}" if p.alias_of else str(p.recipe), p.reason)
+      for p in self.proposals
+    ]
+
+  def __str__(self) -> str:
+    rows = self.rows()
+    width = max((len(t) for t, _, _ in rows), default=0)
+    lines = [f"Match: {len(rows)} parameters from {self.source!r}"]
+    if self.facts:
+      lines.append("  from config.json: " + "; ".join(f"{k} = {v}" for k, v in self.facts))
+    lines += [f"  {t:<{width}}  <- {expr}   [{why}]" for t, expr, why in rows]
+    if self.ignored_keys:
+      shown = ", ".join(self.ignored_keys[:6]) + (", ..." if len(self.ignored_keys) > 6 else "")
+      lines.append(f"  not used: {shown}")
+    return "\n".join(lines)
+
+  def _repr_html_(self) -> str:
+    body = "".join(
+      f"<tr><td><code>{html.escape(t)}</code></td><td><code>{html.escape(e)}</code></td>"
+      f"<td>{html.escape(w)}</td></tr>"
+      for t, e, w in self.rows()
+    )
+    return (
+      f"<p>Match: {len(self.proposals)} parameters</p>"
+      + (
+        "<p>From config.json: "
+        + "; ".join(f"{html.escape(k)} = {html.escape(v)}" for k, v in self.facts)
+        + "</p>"
+        if self.facts
+        else ""
+      )
+      + "<table><tr><th>target</th>"
+      f"<th>checkpoint</th><th>why</th></tr>{body}</table>"
+    )
+
+  def to_python(self, name: str = "recipes") -> str:
+    """Equivalent hand-written code (pin it in your repository).
+
+    Examples:
+      >>> import jax, numpy as np
+      >>> import paramreg_jax as prj
+      >>> from paramreg_jax.sources import MemorySource
+      >>> src = MemorySource({"fc.weight": np.zeros((3, 2), np.float32)})
+      >>> m = prj.match({"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32)}}, src)
+      >>> print(m.to_python())
+      import paramreg_jax as prj
+      from paramreg_jax import recipes as R
+      <BLANKLINE>
+      recipes = R.RecipeSet(
+        {
+          "fc/kernel": R.transpose(R.source('fc.weight'), (1, 0)),
+        },
+        aliases={},
+      )
+    """
+    lines = [
+      "import paramreg_jax as prj",
+      "from paramreg_jax import recipes as R",
+      "",
+      f"{name} = R.RecipeSet(",
+      "  {",
+    ]
+    for p in self.proposals:
+      if p.recipe is not None:
+        lines.append(f"    {json.dumps(p.target)}: {code(p.recipe)},")
+    lines.append("  },")
+    aliases = {p.target: p.alias_of for p in self.proposals if p.alias_of}
+    lines.append(f"  aliases={aliases!r},")
+    if self.ignored_keys:
+      lines.append(f"  ignore={list(self.ignored_keys)!r},")
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def _layer_loop(codes: list[str]) -> str | None:
+  """``[<code of layer i> for i in range(n)]`` when the codes differ only in the layer number
+  of their checkpoint keys (``.3.``, ``/3/``, ``_3.``), else None."""
+  for sep_l, sep_r in ((".", "."), ("/", "/"), ("_", "."), ("_", "/")):
+    template = codes[0].replace(f"{sep_l}0{sep_r}", f"{sep_l}{{i}}{sep_r}")
+    if template == codes[0]:
+      continue
+    if all(template.replace("{i}", str(i)) == c for i, c in enumerate(codes)):
+      in_keys = sum(k.count("{i}") for k in re.findall(r"R\.source\('([^']*)'", template))
+      if in_keys == template.count("{i}"):  # the number only ever varies inside the keys
+        loop = template.replace("R.source('", "R.source(f'")
+        return f"[{loop} for i in range({len(codes)})]"
+  return None
+
+
+def code(r: ops.Recipe) -> str:
+  """Python source that builds ``r`` with ``paramreg_jax.recipes as R``."""
+  if isinstance(r, ops.Source):
+    sel = r.selection
+    if isinstance(sel, ops.sel_lib.Range):
+      return f"R.source({r.key!r}, prj.Range({sel.axis}, {sel.start}, {sel.stop}))"
+    if isinstance(sel, ops.sel_lib.Indices):
+      return f"R.source({r.key!r}, prj.Indices({sel.axis}, {list(sel.indices)}))"
+    return f"R.source({r.key!r})"
+  if isinstance(r, ops.Transpose):
+    return f"R.transpose({code(r.input)}, {r.axes})"
+  if isinstance(r, ops.Reshape):
+    return f"R.reshape({code(r.input)}, {r.shape})"
+  if isinstance(r, ops.Stack):
+    codes = [code(x) for x in r.inputs]
+    loop = _layer_loop(codes)
+    inner = loop or "[" + ", ".join(codes) + "]"
+    return f"R.stack({inner}, axis={r.axis})"
+  if isinstance(r, ops.Concatenate):
+    return "R.concatenate([" + ", ".join(code(x) for x in r.inputs) + f"], axis={r.axis})"
+  if isinstance(r, ops.Cast):
+    return f"R.cast({code(r.input)}, {r.dtype.name!r})"
+  raise TypeError(f"match does not emit {type(r).__name__}")

@@ -1,0 +1,220 @@
+"""The field's vocabulary: checkpoint and target names folded to *concepts*.
+
+Separators and layer numbers are split off, and the names that frameworks and papers use for
+one thing are folded together (``q_proj``/``query``/``wq`` -> ``q``, ``self_attn``/``attention``
+-> ``attn``, ``weight``/``kernel``/``scale``/``embedding`` -> ``w``, ``input_layernorm`` ->
+``attn norm`` ...). Two names are compared by the overlap of their concepts. Data, not logic:
+a new architecture's names are a few lines here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+# --- names -> concepts ----------------------------------------------------------------------
+
+# Component sequences with a meaning of their own (applied first, longest first).
+_PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+  (("attention", "self"), ("attn",)),  # BERT/ViT: attention.self.query
+  (("attention", "attention"), ("attn",)),  # ViT: attention.attention.query
+  (("attention", "output", "dense"), ("attn", "o")),
+  (("attention", "output", "layernorm"), ("attn", "norm")),
+  (("attention", "dense"), ("attn", "o")),  # GPT-NeoX, Falcon: attention.dense
+  (("self_attention", "dense"), ("attn", "o")),
+  (("block_sparse_moe", "gate"), ("moe", "router")),  # Mixtral's router, not a gate projection
+  (("intermediate", "dense"), ("mlp", "up")),
+  (("output", "dense"), ("mlp", "down")),
+  (("output", "layernorm"), ("mlp", "norm")),
+  (("densereludense", "wi"), ("mlp", "up")),  # T5 v1.0
+  (("densereludense", "wi_0"), ("mlp", "gate")),  # T5 v1.1
+  (("densereludense", "wi_1"), ("mlp", "up")),
+  (("densereludense", "wo"), ("mlp", "down")),
+  (("patch_embeddings", "projection"), ("patch", "embed")),  # ViT
+  (("attn", "c_attn"), ("attn", "qkv")),  # GPT-2 (Conv1D, [in, out])
+  (("attn", "c_proj"), ("attn", "o")),
+  (("mlp", "c_fc"), ("mlp", "up")),
+  (("mlp", "c_proj"), ("mlp", "down")),
+)
+
+# One component -> concepts.
+_WORDS: dict[str, tuple[str, ...]] = {
+  # containers and noise
+  **{w: ("layers",) for w in ("layers", "layer", "h", "block", "blocks", "encoder_layer")},
+  **{w: () for w in ("model", "transformer", "bert", "vit", "self", "base_model", "params")},
+  **{w: () for w in ("token", "tok", "word", "words")},  # token_embed: the (token) embedding
+  # parameter kinds
+  **{w: ("w",) for w in ("weight", "kernel", "scale", "embedding", "gamma", "g")},
+  **{w: ("b",) for w in ("bias", "beta")},
+  # attention
+  **{w: ("attn",) for w in ("attn", "attention", "self_attn", "self_attention", "selfattention")},
+  **{w: ("xattn",) for w in ("xattn", "encdecattention", "cross_attn", "crossattention")},
+  "encoder_attn": ("xattn",),
+  "relative_attention_bias": ("relpos",),
+  **{w: ("q",) for w in ("q", "q_proj", "query", "wq", "q_lin")},
+  **{w: ("k",) for w in ("k", "k_proj", "key", "wk", "k_lin")},
+  **{w: ("v",) for w in ("v", "v_proj", "value", "wv", "v_lin")},
+  **{w: ("o",) for w in ("o", "o_proj", "out_proj", "out", "wo", "out_lin", "output_proj")},
+  **{f"b{p}": (c, "b") for p, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"))},
+  **{w: ("qkv",) for w in ("qkv", "qkv_proj", "c_attn", "query_key_value", "wqkv")},
+  # mlp
+  **{w: ("mlp",) for w in ("mlp", "ffn", "feed_forward", "feedforward", "densereludense")},
+  **{w: ("gate",) for w in ("gate", "gate_proj", "w1")},
+  **{w: ("up",) for w in ("up", "up_proj", "w3", "fc1", "fc_in", "c_fc", "lin1", "dense_h_to_4h")},
+  **{w: ("down",) for w in ("down", "down_proj", "w2", "fc2", "fc_out", "lin2", "dense_4h_to_h")},
+  "ffn_in": ("mlp", "up"),
+  "ffn_out": ("mlp", "down"),
+  "w_in": ("up", "w"),
+  "w_out": ("down", "w"),
+  "b_in": ("up", "b"),
+  "b_out": ("down", "b"),
+  "b1": ("gate", "b"),
+  "b2": ("down", "b"),
+  "b3": ("up", "b"),
+  **{w: ("gate_up",) for w in ("gate_up", "gate_up_proj")},
+  # norms
+  **{w: ("norm",) for w in ("norm", "layernorm", "layer_norm", "ln", "rmsnorm", "rms_norm")},
+  "input_layernorm": ("attn", "norm"),
+  "post_attention_layernorm": ("mlp", "norm"),  # Llama: the norm before the MLP
+  "pre_feedforward_layernorm": ("mlp", "norm"),
+  "post_feedforward_layernorm": ("mlp", "post", "norm"),
+  "layernorm_before": ("attn", "norm"),
+  "sa_layer_norm": ("attn", "norm"),  # DistilBERT
+  "output_layer_norm": ("mlp", "norm"),
+  "self_attn_layer_norm": ("attn", "norm"),  # OPT, Whisper
+  "encoder_attn_layer_norm": ("xattn", "norm"),
+  "ln_attn": ("attn", "norm"),  # Falcon (new decoder architecture)
+  "ln_mlp": ("mlp", "norm"),
+  "layernorm_after": ("mlp", "norm"),
+  "attn_norm": ("attn", "norm"),
+  "xattn_norm": ("xattn", "norm"),
+  "attention_norm": ("attn", "norm"),
+  "mlp_norm": ("mlp", "norm"),
+  "ffn_norm": ("mlp", "norm"),
+  "ln_1": ("attn", "norm"),
+  "ln_2": ("mlp", "norm"),
+  "ln_f": ("final", "norm"),
+  "final_norm": ("final", "norm"),
+  "final_layernorm": ("final", "norm"),
+  "final_layer_norm": ("final", "norm"),
+  # embeddings and heads
+  **{
+    w: ("embed",)
+    for w in (
+      "embed",
+      "embeddings",
+      "embed_tokens",
+      "wte",
+      "word_embeddings",
+      "tok_embeddings",
+      "shared",
+      "embed_in",
+    )
+  },
+  **{
+    w: ("pos", "embed")
+    for w in ("wpe", "position_embeddings", "pos_embed", "pos_embedding", "embed_positions")
+  },
+  **{w: ("pos",) for w in ("pos", "position", "positions", "positional")},
+  "token_type_embeddings": ("type", "embed"),
+  **{w: ("type",) for w in ("seg", "segment", "type", "token_type")},
+  "embed_out": ("head",),  # GPT-NeoX
+  **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed")},
+}
+
+_CONTAINER_INDEX = re.compile(r"^(layers|layer|h|block|blocks)_(\d+)$")  # linen: layers_3
+
+
+_T5_SUBLAYER = re.compile(r"(^|\.)(encoder|decoder)\.block\.(\d+)\.layer\.(\d+)\.")
+# T5 numbers the sublayers of a block: what sublayer j is depends on the stack
+_T5_ROLES = {"encoder": ("attn", "mlp"), "decoder": ("attn", "xattn", "mlp")}
+
+
+def _t5_sublayer(name: str) -> str:
+  """``encoder.block.3.layer.1.layer_norm`` -> ``encoder.block.3.mlp_norm`` (T5's sublayer
+  number is a role, not a layer)."""
+  m = _T5_SUBLAYER.search(name)
+  if not m:
+    return name
+  stack, j = m.group(2), int(m.group(4))
+  roles = _T5_ROLES[stack]
+  role = roles[j] if j < len(roles) else f"sublayer{j}"
+  head = name[: m.end()].rsplit("layer.", 1)[0]
+  rest = name[m.end() :]
+  if rest.startswith("layer_norm."):
+    rest = f"{role}_norm." + rest[len("layer_norm.") :]
+  return head + rest
+
+
+@dataclasses.dataclass(frozen=True)
+class Concepts:
+  """A name folded to concepts: ``tokens`` (a set), the layer ``indices`` in order, ``kind``."""
+
+  name: str
+  tokens: frozenset[str]
+  indices: tuple[int, ...]
+  kind: str  # "w" or "b"
+
+  def similarity(self, other: Concepts) -> float:
+    union = self.tokens | other.tokens
+    return len(self.tokens & other.tokens) / len(union) if union else 0.0
+
+
+def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
+  """Folds a checkpoint key or a target name to concepts.
+
+  A leaf without a kind suffix (``wq``, ``embed``, ``final_norm``) is a weight. ``noise`` names
+  a leading component that carries no meaning here (the model's own prefix, ``gpt_neox.``).
+
+  Examples:
+    >>> from paramreg_jax._src.match import concepts
+    >>> c = concepts("model.layers.3.self_attn.q_proj.weight")
+    >>> sorted(c.tokens), c.indices, c.kind
+    (['attn', 'layers', 'q', 'w'], (3,), 'w')
+    >>> sorted(concepts("layers_3/attn/q/kernel").tokens) == sorted(c.tokens)
+    True
+  """
+  parts: list[str] = []
+  indices: list[int] = []
+  name = _t5_sublayer(name)
+  for n, raw in enumerate(re.split(r"[./]", name.strip("./"))):
+    word = raw.lower()
+    if n == 0 and word in noise:
+      continue
+    m = _CONTAINER_INDEX.match(word)
+    if m:
+      parts.append(m.group(1))
+      indices.append(int(m.group(2)))
+    elif word.isdigit():
+      indices.append(int(word))
+    elif word:
+      parts.append(word)
+  i, folded = 0, list[str]()
+  while i < len(parts):
+    for phrase, meaning in _PHRASES:
+      if tuple(parts[i : i + len(phrase)]) == phrase:
+        folded.extend(meaning)
+        i += len(phrase)
+        break
+    else:
+      folded.append(parts[i])
+      i += 1
+  tokens: list[str] = []
+  for word in folded:
+    if word in _WORDS:
+      tokens.extend(_WORDS[word])
+    elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
+      tokens.append(word)
+    else:  # attn_out, type_embed, proj_0: fold each part
+      tokens.extend(t for sub in word.split("_") if sub for t in _WORDS.get(sub, (sub,)))
+  kinds = [t for t in tokens if t in ("w", "b")]
+  kind = kinds[-1] if kinds else "w"
+  if not kinds:
+    tokens.append("w")  # wq, embed, lm_head: a leaf without a kind suffix is a weight
+  if not indices and set(tokens) <= {"norm", "w", "b"} and "norm" in tokens:
+    tokens.append("final")  # model.norm.weight: the final norm
+  if not indices and set(tokens) - {"w", "b"} == {"output"}:
+    tokens = [("head" if t == "output" else t) for t in tokens]  # Meta: output.weight
+  if indices and "final" in tokens and "norm" in tokens:
+    tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
+  return Concepts(name, frozenset(tokens), tuple(indices), kind)

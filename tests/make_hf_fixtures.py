@@ -1,0 +1,244 @@
+"""Generates the tiny Hugging Face checkpoints under ``tests/data/hf/`` (run once, committed).
+
+Each case is a randomly initialised ``transformers`` model at toy size, saved as its own
+``save_pretrained`` writes it (``model.safetensors`` with tied weights dropped, ``config.json``),
+plus ``reference.npz``: fixed ``input_ids`` and the model's output (logits for a causal LM, the
+last hidden state for an encoder), computed by PyTorch in float32.
+
+The test suite needs neither torch nor transformers: it reads these files. To regenerate
+(for example after adding a case)::
+
+    pip install torch==2.13.0 transformers
+    python tests/make_hf_fixtures.py            # all cases
+    python tests/make_hf_fixtures.py gpt_neox   # one case
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+import torch
+import transformers as tf
+
+OUT = pathlib.Path(__file__).parent / "data" / "hf"
+V, P = 64, 64  # vocabulary, positions
+
+# name -> (config class, model class, config kwargs, output)
+CASES: dict[str, tuple[str, str, dict, str]] = {
+  "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4), "logits"),
+  "gpt_neox": (
+    "GPTNeoXConfig",
+    "GPTNeoXForCausalLM",
+    dict(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      intermediate_size=64,
+      rotary_pct=0.5,
+      use_parallel_residual=True,
+      tie_word_embeddings=False,
+    ),
+    "logits",
+  ),
+  "codegen": (
+    "CodeGenConfig",
+    "CodeGenForCausalLM",
+    dict(n_embd=32, n_layer=2, n_head=8, rotary_dim=2, n_ctx=P, tie_word_embeddings=False),
+    "logits",
+  ),
+  "falcon_grouped": (  # falcon-40b: new_decoder_architecture, grouped kv heads
+    "FalconConfig",
+    "FalconForCausalLM",
+    dict(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_kv_heads=2,
+      new_decoder_architecture=True,
+      parallel_attn=True,
+      bias=False,
+      alibi=False,
+      tie_word_embeddings=False,
+    ),
+    "logits",
+  ),
+  "falcon_mqa": (  # falcon-7b: one k/v head, one norm, parallel attention
+    "FalconConfig",
+    "FalconForCausalLM",
+    dict(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      multi_query=True,
+      new_decoder_architecture=False,
+      parallel_attn=True,
+      bias=False,
+      alibi=False,
+    ),
+    "logits",
+  ),
+  "falcon_mha": (  # falcon-rw style: per-head interleaved qkv, sequential, biases
+    "FalconConfig",
+    "FalconForCausalLM",
+    dict(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      multi_query=False,
+      new_decoder_architecture=False,
+      parallel_attn=False,
+      bias=True,
+      alibi=False,
+    ),
+    "logits",
+  ),
+  "opt": (
+    "OPTConfig",
+    "OPTForCausalLM",
+    dict(
+      hidden_size=32,
+      num_hidden_layers=2,
+      ffn_dim=64,
+      num_attention_heads=4,
+      word_embed_proj_dim=32,
+      pad_token_id=1,
+    ),
+    "logits",
+  ),
+  "llama": (
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    dict(
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      tie_word_embeddings=False,
+    ),
+    "logits",
+  ),
+  "qwen2": (
+    "Qwen2Config",
+    "Qwen2ForCausalLM",
+    dict(
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      tie_word_embeddings=True,
+    ),
+    "logits",
+  ),
+  "phi3": (
+    "Phi3Config",
+    "Phi3ForCausalLM",
+    dict(
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      pad_token_id=0,
+      bos_token_id=1,
+      eos_token_id=2,
+      tie_word_embeddings=False,
+    ),
+    "logits",
+  ),
+  "gemma": (
+    "GemmaConfig",
+    "GemmaForCausalLM",
+    dict(
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=1,
+      head_dim=8,
+      pad_token_id=0,
+    ),
+    "logits",
+  ),
+  "mistral": (
+    "MistralConfig",
+    "MistralForCausalLM",
+    dict(
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      tie_word_embeddings=False,
+    ),
+    "logits",
+  ),
+  "bert": (
+    "BertConfig",
+    "BertModel",
+    dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "last_hidden_state",
+  ),
+  "roberta": (
+    "RobertaConfig",
+    "RobertaModel",
+    dict(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      intermediate_size=64,
+      max_position_embeddings=P + 2,
+      pad_token_id=1,
+    ),
+    "last_hidden_state",
+  ),
+  "distilbert": (
+    "DistilBertConfig",
+    "DistilBertModel",
+    dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64, pad_token_id=0),
+    "last_hidden_state",
+  ),
+}
+
+
+def make(name: str) -> None:
+  config_cls, model_cls, kwargs, output = CASES[name]
+  torch.manual_seed(0)
+  sizes = {"vocab_size": V}
+  if config_cls in ("GPT2Config", "CodeGenConfig"):
+    sizes["n_positions"] = P
+  elif "max_position_embeddings" not in kwargs:
+    sizes["max_position_embeddings"] = P
+  config = getattr(tf, config_cls)(**sizes, **kwargs)
+  config._attn_implementation = "eager"
+  for token in ("bos_token_id", "eos_token_id"):
+    if getattr(config, token, None) is not None and getattr(config, token) >= V:
+      setattr(config, token, 2)
+  model = getattr(tf, model_cls)(config).eval()
+  with torch.no_grad():  # random but not tiny norms and biases: every parameter matters
+    for p in model.parameters():
+      if p.ndim == 1:
+        p.add_(0.1 * torch.randn_like(p))
+  out = OUT / name
+  shutil.rmtree(out, ignore_errors=True)
+  model.save_pretrained(out, safe_serialization=True)
+  for extra in out.iterdir():
+    if extra.name not in ("model.safetensors", "config.json"):
+      extra.unlink()
+  ids = np.random.default_rng(0).integers(3, V, size=(2, 7))
+  with torch.no_grad():
+    result = model(input_ids=torch.tensor(ids))
+  ref = getattr(result, output).float().numpy()
+  np.savez(out / "reference.npz", input_ids=ids.astype(np.int32), output=ref)
+  meta = json.loads((out / "config.json").read_text())
+  print(f"{name}: {meta['model_type']} {ref.shape} -> {out}")
+
+
+if __name__ == "__main__":
+  for case in sys.argv[1:] or CASES:
+    make(case)
