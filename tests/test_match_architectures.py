@@ -11,13 +11,28 @@ naming the parameter: never restored with a wrong value.
 from __future__ import annotations
 
 import hf_models as hf
+import jax
 import numpy as np
 import pytest
 
 import paramreg_jax as prj
+from paramreg_jax import recipes as R
+from paramreg_jax.sources import MalformedConfigError
+from paramreg_jax.sources import MemorySource
 from paramreg_jax.sources import SafetensorsSource
 
 CASES = sorted(hf.ARCHS)
+rng = np.random.default_rng(0)
+
+
+def rand(*shape):
+  return rng.standard_normal(shape).astype(np.float32)
+
+
+def sds(shape):
+  return jax.ShapeDtypeStruct(shape, np.float32)
+
+
 STYLES = sorted(hf.STYLES)
 
 
@@ -42,3 +57,207 @@ def run(name: str, style_name: str, *, untied_head: bool | None = None, **match_
 def test_forward_pass_matches_pytorch(name, style):
   _, got, want = run(name, style)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=f"{name} into {style}")
+
+
+def test_every_case_needs_no_hint_and_the_config_is_shown():
+  m, _, _ = run("gpt_neox", "nnx")
+  assert m.facts[0] == ("model_type", "gpt_neox")
+  text = str(m)
+  assert "from config.json: model_type = gpt_neox" in text
+  assert "per head layout" in text  # the split says which layout it used
+
+
+# --- what used to load silently wrong ----------------------------------------------------------
+
+
+def without_config(name, tmp_path):
+  """The same checkpoint with no config.json beside it."""
+  (tmp_path / "model.safetensors").write_bytes((hf.DATA / name / "model.safetensors").read_bytes())
+  return SafetensorsSource(tmp_path / "model.safetensors")
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "codegen", "falcon_mha", "falcon_grouped"])
+def test_a_fused_qkv_of_unknown_layout_is_refused_kernels_and_biases(name, tmp_path):
+  """GPT-NeoX and Falcon interleave q/k/v per head, CodeGen in 4 blocks of q|v|k: contiguous
+  thirds would load (and did) with wrong values. Without the config nothing is split."""
+  arch, sizes, _, _ = hf.case(name)
+  shapes = hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes)
+  target = hf.target(hf.STYLES["flax"], shapes, arch, sizes)
+  src = without_config(name, tmp_path)
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src)
+  text = str(info.value)
+  assert "is not known for this checkpoint (no config.json)" in text
+  assert "per head, [heads, 3, head_dim]" in text and "4 blocks of [q | v | k]" in text
+  assert "layers_0/attention/query/kernel, layers_0/attention/key/kernel" in text
+  if arch.qkv_bias:
+    assert "layers_0/attention/query/bias, layers_0/attention/key/bias" in text
+  assert src.stats.reads == 0
+
+
+def test_the_config_can_be_given_to_match_for_a_source_without_one(tmp_path):
+  arch, sizes, config, ref = hf.case("gpt_neox")
+  shapes = hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes)
+  style = hf.STYLES["nnx"]
+  target = hf.target(style, shapes, arch, sizes)
+  src = without_config("gpt_neox", tmp_path)
+  m = prj.match(target, src, config=config)
+  weights = hf.to_canonical(style, shapes, arch, sizes, prj.restore(target, src, recipes=m))
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+  with pytest.raises(TypeError, match="config must be a mapping"):
+    prj.match(target, src, config="config.json")
+
+
+def test_the_config_is_on_the_source(tmp_path):
+  src = SafetensorsSource(hf.DATA / "llama" / "model.safetensors")
+  assert src.config["model_type"] == "llama" and src.config["num_key_value_heads"] == 2
+  assert SafetensorsSource(hf.DATA / "llama").config == src.config
+  bad = without_config("llama", tmp_path)
+  (tmp_path / "config.json").write_text("[1, 2]")
+  with pytest.raises(MalformedConfigError, match=r"config.json: the model config is a JSON list"):
+    _ = bad.config
+  (tmp_path / "config.json").write_text("{" * 100_000)
+  with pytest.raises(MalformedConfigError, match="cannot parse the model config"):
+    _ = SafetensorsSource(tmp_path / "model.safetensors").config
+
+
+def _neox_named(head_name):
+  """GPT-NeoX's names at toy size: the untied head is ``embed_out``."""
+  ck = {
+    "gpt_neox.embed_in.weight": rand(8, 4),
+    "gpt_neox.final_layer_norm.weight": rand(4),
+    head_name: rand(8, 4),
+  }
+  target = {
+    "embed": {"embedding": sds((8, 4))},
+    "final_norm": {"scale": sds((4,))},
+    "lm_head": {"kernel": sds((4, 8))},
+  }
+  return ck, target
+
+
+def test_the_embedding_is_embed_in_not_embed_out_and_the_head_is_not_tied():
+  ck, target = _neox_named("embed_out.weight")
+  src = MemorySource(ck)
+  m = prj.match(target, src)
+  got = prj.restore(target, src, recipes=m)
+  np.testing.assert_array_equal(got["embed"]["embedding"], ck["gpt_neox.embed_in.weight"])
+  np.testing.assert_array_equal(got["lm_head"]["kernel"], ck["embed_out.weight"].T)
+
+
+def test_meta_names_output_is_the_head_not_a_tied_embedding():
+  ck = {"tok_embeddings.weight": rand(8, 4), "norm.weight": rand(4), "output.weight": rand(8, 4)}
+  target = {"embed": sds((8, 4)), "final_norm": sds((4,)), "lm_head": sds((4, 8))}
+  src = MemorySource(ck)
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  np.testing.assert_array_equal(got["lm_head"], ck["output.weight"].T)
+  np.testing.assert_array_equal(got["embed"], ck["tok_embeddings.weight"])
+
+
+def test_a_head_is_not_tied_while_an_unused_tensor_fits_it():
+  ck, target = _neox_named("unembedding_matrix.weight")  # a name the vocabulary does not know
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  assert (
+    "lm_head/kernel (4, 8): ambiguous: it could be tied to the embedding (embed/embedding), or "
+    "be the unused 'unembedding_matrix.weight' of its shape"
+  ) in str(info.value)
+  assert "hints={'lm_head/kernel': 'unembedding_matrix.weight'}" in str(info.value)
+  # the hint it suggests works, and orients the weight itself
+  src = MemorySource(ck)
+  m = prj.match(target, src, hints={"lm_head/kernel": "unembedding_matrix.weight"})
+  got = prj.restore(target, src, recipes=m)
+  np.testing.assert_array_equal(got["lm_head"]["kernel"], ck["unembedding_matrix.weight"].T)
+  # the config settles it either way
+  tied = prj.match(
+    target, MemorySource(ck, config={"model_type": "x", "tie_word_embeddings": True})
+  )
+  assert "tied to the embedding, transposed (config: tie_word_embeddings)" in str(tied)
+  del ck["unembedding_matrix.weight"]
+  with pytest.raises(prj.MatchError, match="the config says tie_word_embeddings=false"):
+    prj.match(target, MemorySource(ck, config={"model_type": "x", "tie_word_embeddings": False}))
+  assert "(no head tensor)" in str(prj.match(target, MemorySource(ck)))
+
+
+def test_conflicting_orientation_evidence_is_refused_not_picked_per_tensor():
+  ck = {
+    "layers.0.attn.q_proj.weight": rand(8, 4),  # [out, in]
+    "layers.0.mlp.up_proj.weight": rand(4, 12),  # [in, out]
+  }
+  target = {
+    "layers_0": {"attn": {"q": {"kernel": sds((4, 8))}}, "mlp": {"up": {"kernel": sds((4, 12))}}}
+  }
+  with pytest.raises(
+    prj.MatchError, match="the checkpoint's linear weights have no single orientation"
+  ):
+    prj.match(target, MemorySource(ck))
+  conv1d = {"layers.0.attn.q_proj.weight": rand(4, 8)}  # [in, out], yet the config says torch
+  with pytest.raises(prj.MatchError, match=r"its config.json \(llama\) says \[out, in\]"):
+    prj.match(
+      {"layers_0": {"attn": {"q": {"kernel": sds((4, 8))}}}},
+      MemorySource(conv1d, config={"model_type": "llama"}),
+    )
+
+
+# --- hints that are easy to give ----------------------------------------------------------------
+
+
+def test_a_checkpoint_name_is_a_hint_and_match_derives_the_layout():
+  arch, sizes, _, ref = hf.case("llama")
+  shapes = hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes)
+  style = hf.STYLES["nnx"]
+  target = hf.target(style, shapes, arch, sizes)
+  # the user named the two norms of a layer in a way no vocabulary knows
+  layers = target["layers"]
+  layers["pre_a"] = layers.pop("attn_norm")
+  layers["pre_b"] = layers.pop("mlp_norm")
+  src = SafetensorsSource(hf.DATA / "llama" / "model.safetensors")
+  with pytest.raises(prj.MatchError, match="layers/pre_a/scale"):
+    prj.match(target, src)
+  hints = {
+    "layers/pre_a/scale": "input_layernorm",
+    "layers/pre_b/scale": "model.layers.{i}.post_attention_layernorm",
+  }
+  m = prj.match(target, src, hints=hints)
+  assert "hint, name, stacked 2 layers" in str(m)
+  restored = prj.restore(target, src, recipes=m)
+  restored["layers"]["attn_norm"] = restored["layers"].pop("pre_a")
+  restored["layers"]["mlp_norm"] = restored["layers"].pop("pre_b")
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+  with pytest.raises(
+    prj.MatchError, match=r"no checkpoint key is or contains 'input_layernrom'.*did you mean"
+  ):
+    prj.match(target, src, hints={"layers/pre_a/scale": "input_layernrom"})
+  with pytest.raises(TypeError, match="hints must be a mapping"):
+    prj.match(target, src, hints="input_layernorm")
+
+
+def test_a_hint_against_the_checkpoints_orientation_is_refused():
+  """A forgotten transpose on a square kernel is a silent wrong weight."""
+  src = SafetensorsSource(hf.DATA / "llama" / "model.safetensors")
+  arch, sizes, _, _ = hf.case("llama")
+  target = hf.target(
+    hf.STYLES["meta"], hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes), arch, sizes
+  )
+  key = "model.layers.0.self_attn.o_proj.weight"  # square: the shape check cannot catch it
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src, hints={"layers/0/attention/wo": R.source(key)})
+  assert (
+    f"hint for 'layers/0/attention/wo': source('{key}') reads '{key}' as stored, but this "
+    "checkpoint stores its linear weights [out, in]"
+  ) in str(info.value)
+  m = prj.match(target, src, hints={"layers/0/attention/wo": R.transpose(R.source(key), (1, 0))})
+  assert ("layers/0/attention/wo", f"transpose(source('{key}'), (1, 0))", "hint") in m.rows()
+
+
+def test_an_ambiguity_lists_distinct_candidates_with_their_recipes_and_the_hint_to_paste():
+  src = MemorySource({"attn.q.weight": rand(4, 4)})  # square, and nothing says its orientation
+  with pytest.raises(prj.MatchError) as info:
+    prj.match({"attn": {"q": {"kernel": sds((4, 4))}}}, src)
+  text = str(info.value)
+  assert "attn/q/kernel: ambiguous between 2 candidates of equal score:" in text
+  assert "'attn.q.weight' [name]" in text and "'attn.q.weight' [name + transpose]" in text
+  assert "to choose the first: hints={'attn/q/kernel': R.source('attn.q.weight')}" in text

@@ -209,9 +209,10 @@ def _check_hints(
     if isinstance(hint, str):
       found = _named_keys(hint, list(ck.concepts))
       if not found:
+        parts = {p for k in ck.concepts for p in re.split(r"[./]", k)} | set(ck.concepts)
         bad.append(
           f"hint for {name!r}: no checkpoint key is or contains {hint!r}"
-          f"{errors.did_you_mean(hint, list(ck.concepts))}"
+          f"{errors.did_you_mean(hint, sorted(parts))}"
         )
       named[name] = found
       continue
