@@ -41,6 +41,7 @@ class Arch:
   pos_offset: int = 0  # OPT: 2; RoBERTa: padding_idx + 1
   pos_extra: int = 0  # rows beyond max_position_embeddings (OPT: the offset)
   eps: float = 1e-5  # when the config names none (torch.nn.LayerNorm's default)
+  experts: bool = False  # a mixture of experts in place of the MLP (Mixtral: softmax, top-k)
   types: bool = False  # token type embeddings (BERT)
   embed_norm: bool = False
   final_norm: bool = True
@@ -82,6 +83,7 @@ ARCHS: dict[str, Arch] = {
   ),
   "llama": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu"),
   "mistral": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu"),
+  "mixtral": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu", experts=True),
   "qwen2": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu", qkv_bias=True),
   "phi3": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu"),
   "gemma": Arch(norm="rms1p", norm_bias=False, mlp="gated", act="gelu_tanh", embed_scale=True),
@@ -126,6 +128,8 @@ class Sizes:
   types: int
   eps: float
   theta: float
+  experts: int
+  top_k: int
 
   @classmethod
   def of(cls, c: dict[str, Any], arch: Arch) -> Sizes:
@@ -148,6 +152,8 @@ class Sizes:
       types=g("type_vocab_size", default=0),
       eps=g("layer_norm_eps", "rms_norm_eps", "layer_norm_epsilon", default=arch.eps),
       theta=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
+      experts=g("num_local_experts", default=0),
+      top_k=g("num_experts_per_tok", default=0),
     )
 
 
@@ -218,7 +224,21 @@ def _attention(a: Arch, s: Sizes, p: dict[str, Any], x: jax.Array) -> jax.Array:
   return _dense(p["o"], out)
 
 
-def _mlp(a: Arch, p: dict[str, Any], x: jax.Array) -> jax.Array:
+def _moe(a: Arch, s: Sizes, p: dict[str, Any], x: jax.Array) -> jax.Array:
+  """Mixtral: softmax over the router's logits, the top-k renormalised, experts summed."""
+  probs = jax.nn.softmax(x @ p["router"]["w"], -1)
+  top, idx = jax.lax.top_k(probs, s.top_k)
+  top = top / top.sum(-1, keepdims=True)
+  weights = (jax.nn.one_hot(idx, s.experts) * top[..., None]).sum(-2)  # [b, t, experts]
+  gate = jnp.einsum("btd,edf->btef", x, p["e_gate"]["w"])
+  up = jnp.einsum("btd,edf->btef", x, p["e_up"]["w"])
+  out = jnp.einsum("btef,efd->bted", _act(a, gate) * up, p["e_down"]["w"])
+  return jnp.einsum("bte,bted->btd", weights, out)
+
+
+def _mlp(a: Arch, p: dict[str, Any], x: jax.Array, s: Sizes | None = None) -> jax.Array:
+  if a.experts:
+    return _moe(a, s, p, x)
   if a.mlp == "gated":
     return _dense(p["down"], _act(a, _dense(p["gate"], x)) * _dense(p["up"], x))
   return _dense(p["down"], _act(a, _dense(p["up"], x)))
@@ -250,7 +270,7 @@ def forward(a: Arch, s: Sizes, w: dict[str, Any], ids: np.ndarray) -> jax.Array:
       )
     else:
       x = x + _attention(a, s, p, _norm(a, s, p["attn_norm"], x))
-      x = x + _mlp(a, p, _norm(a, s, p["mlp_norm"], x))
+      x = x + _mlp(a, p, _norm(a, s, p["mlp_norm"], x), s)
   if a.final_norm:
     x = _norm(a, s, w["final_norm"], x)
   if not a.head:
@@ -283,6 +303,16 @@ def canonical_shapes(a: Arch, s: Sizes) -> dict[str, Any]:
     layer["mlp_norm"] = norm
   if a.mlp == "gated":
     layer["gate"] = lin(D, F, a.mlp_bias)
+  if a.experts:
+    E = s.experts
+    for role in ("gate", "up", "down"):
+      del layer[role]
+    layer |= {
+      "router": {"w": (D, E)},
+      "e_gate": {"w": (E, D, F)},
+      "e_up": {"w": (E, D, F)},
+      "e_down": {"w": (E, F, D)},
+    }
   out: dict[str, Any] = {"embed": {"w": (s.vocab, D)}, "layers": [layer] * s.layers}
   if a.positions == "learned":
     out["pos"] = {"w": (s.positions + a.pos_extra, D)}
@@ -340,6 +370,10 @@ STYLES = {
       "gate": "mlp/gate",
       "up": "mlp/up",
       "down": "mlp/down",
+      "router": "moe/router",
+      "e_gate": "moe/experts/gate",
+      "e_up": "moe/experts/up",
+      "e_down": "moe/experts/down",
       "final_norm": "final_norm",
       "head": "lm_head",
     },
@@ -364,6 +398,10 @@ STYLES = {
       "gate": "mlp/gate",
       "up": "mlp/up",
       "down": "mlp/down",
+      "router": "moe/router",
+      "e_gate": "moe/experts/gate",
+      "e_up": "moe/experts/up",
+      "e_down": "moe/experts/down",
       "final_norm": "final_norm",
       "head": "lm_head",
     },
@@ -388,6 +426,10 @@ STYLES = {
       "gate": "feed_forward/1",
       "up": "feed_forward/3",
       "down": "feed_forward/2",
+      "router": "feed_forward/router",
+      "e_gate": "feed_forward/experts/{e}/w1",  # one leaf per expert
+      "e_up": "feed_forward/experts/{e}/w3",
+      "e_down": "feed_forward/experts/{e}/w2",
       "final_norm": "norm",
       "head": "output",
     },
@@ -455,6 +497,12 @@ def _entries(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes):
     for kind, shape in kinds.items():
       tshape = _styled_shape(style, role, kind, shape, s)
       leaf = _leaf_name(style, role, kind, gated)
+      if "{e}" in leaf:  # one leaf per expert
+        for i in range(len(layers)):
+          for e in range(shape[0]):
+            name = style.layer_prefix.format(i=i) + leaf.format(e=e)
+            yield name, role, kind, (i, e), shape, shape[1:]
+        continue
       if style.stacked:
         yield style.layer_prefix + leaf, role, kind, "all", shape, (len(layers), *tshape)
       else:
@@ -497,6 +545,10 @@ def to_canonical(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes, restor
     elif layer == "all":
       for i, v in enumerate(value):
         out["layers"][i].setdefault(role, {})[kind] = v.reshape(shape)
+    elif isinstance(layer, tuple):  # one expert's leaf: stacked back into [experts, ...]
+      i, e = layer
+      stack = out["layers"][i].setdefault(role, {}).setdefault(kind, np.zeros(shape, value.dtype))
+      stack[e] = value
     else:
       out["layers"][layer].setdefault(role, {})[kind] = value.reshape(shape)
   return out

@@ -178,6 +178,21 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     ),
     "logits",
   ),
+  "mixtral": (
+    "MixtralConfig",
+    "MixtralForCausalLM",
+    dict(
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      num_local_experts=4,
+      num_experts_per_tok=2,
+      tie_word_embeddings=False,
+    ),
+    "logits",
+  ),
   "bert": (
     "BertConfig",
     "BertModel",

@@ -9,6 +9,7 @@ repeated over the layers of a stacked target.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Iterable
@@ -71,9 +72,10 @@ def candidates(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Can
       out.extend(_single(tc, shape, k, ck))
   # a fused target (qkv, gate_up) from its separate parts
   out.extend(_joined(tc, shape, ck.by_layer.get(tc.indices, []), ck))
-  # a stacked target: (L, ...) from the L per-layer tensors of one name template
-  if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
+  # a stacked target: (L, ...) from the L per-layer tensors of one name template (and experts)
+  if len(shape) >= 2 and tc.tokens & {"layers", "experts"}:
     out.extend(_stacked(tc, shape, ck))
+  if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
     out.extend(_stacked_joined(tc, shape, ck))
   out.sort(key=lambda c: -c.score)
   return out
@@ -209,30 +211,47 @@ def _oriented(
 
 
 def _stacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  """A target whose leading axes stack per-layer (``layers``) and/or per-expert (``experts``)
+  tensors of one name template: ``[L, ...]``, ``[E, ...]`` in a layer, or ``[L, E, ...]``."""
   out = []
-  layers = shape[0]
-  per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
-  for (_, kind), by_index in ck.layer_templates.items():
-    if kind != tc.kind or sorted(by_index) != list(range(layers)):
+  for depth in (1, 2):
+    levels = (("layers",) if not tc.indices else ()) + ("experts",) * (depth - (not tc.indices))
+    if len(levels) != depth or len(shape) <= depth or not set(levels) <= tc.tokens:
       continue
-    keys = [by_index[i] for i in range(layers)]
-    for single in _single(per_layer, shape[1:], keys[0], ck):
-      if single.fused is not None:
-        out.append(
-          Candidate(
-            single.score, tuple(keys), single.reason, None, fused=(tuple(keys), single.fused[1])
-          )
-        )
+    grid = list(itertools.product(*(range(n) for n in shape[:depth])))
+    per_item = Concepts(tc.name, tc.tokens, (), tc.kind)
+    for (tokens, kind), by_index in ck.templates.items():
+      if kind != tc.kind or not set(levels) <= tokens:
         continue
-      first = single.build()
-
-      def build(first: ops.Recipe = first, keys: list[str] = keys) -> ops.Recipe:
-        return ops.stack([_rekey(first, keys[0], k) for k in keys], axis=0)
-
-      out.append(
-        Candidate(single.score, tuple(keys), f"{single.reason}, stacked {layers} layers", build)
-      )
+      n = len(tc.indices)
+      entries = {
+        idx[n:]: k for idx, k in by_index.items() if idx[:n] == tc.indices and len(idx) == n + depth
+      }
+      if sorted(entries) != grid:
+        continue
+      keys = [entries[ix] for ix in grid]
+      for single in _single(per_item, shape[depth:], keys[0], ck):
+        if single.fused is not None:
+          if depth == 1:
+            out.append(
+              Candidate(
+                single.score, tuple(keys), single.reason, None, fused=(tuple(keys), single.fused[1])
+              )
+            )
+          continue
+        what = " × ".join(f"{m} {lv}" for m, lv in zip(shape[:depth], levels))
+        build = functools.partial(_build_stack, single.build(), keys, shape[:depth])
+        out.append(Candidate(single.score, tuple(keys), f"{single.reason}, stacked {what}", build))
   return out
+
+
+def _build_stack(first: ops.Recipe, keys: list[str], grid: tuple[int, ...]) -> ops.Recipe:
+  """``first`` (built from ``keys[0]``) for every key, stacked into ``grid`` leading axes."""
+  items = [_rekey(first, keys[0], k) for k in keys]
+  if len(grid) == 2:
+    rows = [items[i * grid[1] : (i + 1) * grid[1]] for i in range(grid[0])]
+    return ops.stack([ops.stack(r, axis=0) for r in rows], axis=0)
+  return ops.stack(items, axis=0)
 
 
 def _rekey(recipe: ops.Recipe, old: str, new: str) -> ops.Recipe:

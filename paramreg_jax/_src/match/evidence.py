@@ -198,12 +198,13 @@ class Checkpoint:
     return out
 
   @functools.cached_property
-  def layer_templates(self) -> dict[tuple[frozenset[str], str], dict[int, str]]:
-    """``{(concepts, kind): {layer: key}}`` of the per-layer tensors (one name template each)."""
-    out: dict[tuple[frozenset[str], str], dict[int, str]] = {}
+  def templates(self) -> dict[tuple[frozenset[str], str], dict[tuple[int, ...], str]]:
+    """``{(concepts, kind): {indices: key}}`` of the numbered tensors (one name template each:
+    per layer, per expert)."""
+    out: dict[tuple[frozenset[str], str], dict[tuple[int, ...], str]] = {}
     for k, c in self.concepts.items():
-      if len(c.indices) == 1 and "layers" in c.tokens:
-        out.setdefault((c.tokens, c.kind), {})[c.indices[0]] = k
+      if c.indices:
+        out.setdefault((c.tokens, c.kind), {})[c.indices] = k
     return out
 
   @functools.cached_property

@@ -72,6 +72,10 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "b2": ("down", "b"),
   "b3": ("up", "b"),
   **{w: ("gate_up",) for w in ("gate_up", "gate_up_proj")},
+  # mixture of experts
+  **{w: ("moe",) for w in ("moe", "block_sparse_moe", "sparse_moe", "switch_mlp")},
+  **{w: ("experts",) for w in ("experts", "expert")},
+  **{w: ("router",) for w in ("router", "gating", "w_gate_router")},
   # norms
   **{w: ("norm",) for w in ("norm", "layernorm", "layer_norm", "ln", "rmsnorm", "rms_norm")},
   "input_layernorm": ("attn", "norm"),
