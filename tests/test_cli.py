@@ -77,6 +77,9 @@ TARGETS = textwrap.dedent(
 
   def square():
     return {"fc": {"kernel": jax.ShapeDtypeStruct((3, 3), np.float32)}}
+
+  def odd():
+    return {"ln": {"scale": jax.ShapeDtypeStruct((3,), np.float32)}}
   """
 )
 
@@ -167,6 +170,37 @@ def test_match_prints_the_table_and_the_code(tmp_path):
   )
   assert r.returncode == 1 and "match takes only 'recipes' (as hints)" in r.stderr
   assert "['rename'] are plan options" in r.stderr
+
+
+def test_match_takes_hints_and_a_config(tmp_path):
+  make_files(tmp_path)
+  save_file({"fc.weight": np.ones((3, 3), np.float32)}, str(tmp_path / "sq.safetensors"))
+  save_file({"enc.odd_name.weight": np.ones(3, np.float32)}, str(tmp_path / "odd.safetensors"))
+  odd = str(tmp_path / "odd.safetensors")
+  r = run_cli("match", odd, "--target", "cli_targets:odd", cwd=tmp_path)
+  assert r.returncode == 1 and "ln/scale (3,): unmatched" in r.stdout
+  r = run_cli(
+    "match", odd, "--target", "cli_targets:odd", "--hint", "ln/scale=odd_name", cwd=tmp_path
+  )
+  assert r.returncode == 0, r.stderr
+  assert "ln/scale  <- source('enc.odd_name.weight')   [hint, name]" in r.stdout
+  r = run_cli(
+    "match", odd, "--target", "cli_targets:odd", "--hint", "ln/scale=od_name", cwd=tmp_path
+  )
+  assert r.returncode == 1 and "did you mean 'odd_name'" in r.stdout
+  r = run_cli("match", odd, "--target", "cli_targets:odd", "--hint", "ln/scale", cwd=tmp_path)
+  assert r.returncode == 1 and "expected TARGET_NAME=CHECKPOINT_NAME" in r.stderr
+  # a square kernel's orientation: the config says torch.nn.Linear
+  (tmp_path / "cfg.json").write_text(json.dumps({"model_type": "bert"}))
+  sq = str(tmp_path / "sq.safetensors")
+  r = run_cli(
+    "match", sq, "--target", "cli_targets:square", "--config", "cfg.json", "--json", cwd=tmp_path
+  )
+  data = json.loads(r.stdout)
+  assert data["ok"] and data["config"]["linear weights"] == "[out, in]"
+  assert data["rows"][0]["checkpoint"] == "transpose(source('fc.weight'), (1, 0))"
+  r = run_cli("match", sq, "--target", "cli_targets:square", "--config", "nope.json", cwd=tmp_path)
+  assert r.returncode == 1 and "--config nope.json: cannot read the model config" in r.stderr
 
 
 def test_errors_are_one_line_unless_debug(tmp_path):

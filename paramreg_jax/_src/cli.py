@@ -167,8 +167,25 @@ def cmd_match(args: argparse.Namespace) -> int:
       f"--target {args.target}: match takes only 'recipes' (as hints) besides 'target'; "
       f"{unused} are plan options: drop them here, pass them to plan_restore or restore"
     )
+  hints = dict(options.get("recipes") or {})
+  for text in args.hint or ():
+    name, sep, key = text.partition("=")
+    if not sep or not name.strip() or not key.strip():
+      raise ValueError(
+        f"--hint {text!r}: expected TARGET_NAME=CHECKPOINT_NAME, e.g. "
+        "--hint layers/attn_norm/scale=input_layernorm"
+      )
+    hints[name.strip()] = key.strip()
+  config = None
+  if args.config:
+    try:
+      config = json.loads(pathlib.Path(args.config).read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+      raise ValueError(f"--config {args.config}: cannot read the model config: {e}") from None
+    if not isinstance(config, dict):
+      raise ValueError(f"--config {args.config}: the model config is not a JSON object")
   try:
-    mapping = match(target, src, hints=options.get("recipes"))
+    mapping = match(target, src, hints=hints, config=config)
   except errors.MatchError as e:
     return _problems(args, "no complete mapping", e)
   if args.json:
@@ -178,6 +195,7 @@ def cmd_match(args: argparse.Namespace) -> int:
         {
           "ok": True,
           "rows": rows,
+          "config": dict(mapping.facts),
           "unused": list(mapping.ignored_keys),
           "python": mapping.to_python(),
         },
@@ -226,6 +244,19 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="MODULE:FUNCTION returning the abstract target tree, or a dict with 'target' and "
         "plan_restore options (recipes, aliases, rename, exclude, dtype_policy)",
+      )
+    if name == "match":
+      p.add_argument(
+        "--hint",
+        action="append",
+        metavar="TARGET=CHECKPOINT",
+        help="settle a parameter by a checkpoint name or part of one, in every layer "
+        "(e.g. layers/attn_norm/scale=input_layernorm); repeatable",
+      )
+      p.add_argument(
+        "--config",
+        default=None,
+        help="the model's config.json, when it is not beside the weights",
       )
   return parser
 
