@@ -310,3 +310,14 @@ def test_real_minilm_into_a_linen_bert_on_flax_attention_with_no_hints():
   got = np.asarray(model.apply(restored, ref["input_ids"], ref["attention_mask"]))
   real = ref["attention_mask"].astype(bool)  # token embeddings; padding positions are noise
   np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
+
+
+def test_shapes_and_the_orientation_settle_names_that_do_not():
+  """Two MLP kernels named ``x`` and ``y``: the names tie, but with the checkpoint's [out, in]
+  orientation only ``up`` fits ``x`` [in=4, out=6] and only ``down`` fits ``y`` [6, 4]."""
+  ck = {"mlp.up_proj.weight": rand(6, 4), "mlp.down_proj.weight": rand(4, 6)}
+  target = {"mlp": {"x": sds((4, 6)), "y": sds((6, 4))}}
+  src = MemorySource(ck, config={"model_type": "llama"})
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  np.testing.assert_array_equal(got["mlp"]["x"], ck["mlp.up_proj.weight"].T)
+  np.testing.assert_array_equal(got["mlp"]["y"], ck["mlp.down_proj.weight"].T)

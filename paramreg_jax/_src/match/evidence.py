@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from paramreg_jax._src.match import vocabulary
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 
@@ -228,8 +229,8 @@ def model_prefix(keys: list[str]) -> frozenset[str]:
     w
     for w, n in counts.items()
     if 2 * n >= len(keys)
-    and w not in ("encoder", "decoder", "embeddings", "layers", "layer", "h", "blocks")
-    and concepts(w).tokens - {"w"} == {w}
+    and w not in ("encoder", "decoder", "embeddings")
+    and not vocabulary.known(w)
   )
 
 

@@ -150,6 +150,11 @@ def _t5_sublayer(name: str) -> str:
   return head + rest
 
 
+def known(word: str) -> bool:
+  """Whether the vocabulary gives ``word`` a meaning (or knows it as noise)."""
+  return word in _WORDS or any(word in phrase for phrase, _ in _PHRASES)
+
+
 @dataclasses.dataclass(frozen=True)
 class Concepts:
   """A name folded to concepts: ``tokens`` (a set), the layer ``indices`` in order, ``kind``."""
