@@ -37,7 +37,6 @@ from paramreg_jax._src.patterns import mask_by_pattern
 from paramreg_jax._src.plan import PlanEntry
 from paramreg_jax._src.plan import RestorePlan
 from paramreg_jax._src.plan import plan_restore
-from paramreg_jax._src.reconcile import SurgeryReport
 from paramreg_jax._src.reconcile import reconcile
 from paramreg_jax._src.reconcile import reconcile_optimizer
 from paramreg_jax._src.registry import ParamId
@@ -57,6 +56,7 @@ from paramreg_jax._src.source import TensorMetadata
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
+from paramreg_jax._src.surgery import SurgeryReport
 
 __version__ = "0.1.0.dev0"
 

@@ -139,7 +139,10 @@ def test_reorder_a_list_of_layers():
   )
   with pytest.raises(prj.ReconcileError, match="rename maps several old keys to n:layers/1/kernel"):
     prj.reconcile(
-      TX, state, params_of((4, 4, 4)), rename={"n:layers/0/kernel": "n:layers/1/kernel"}
+      TX,
+      state,
+      params_of((4, 4, 4)),
+      rename={"n:layers/0/kernel": "n:layers/1/kernel", "n:head/kernel": "n:layers/1/kernel"},
     )
 
 
@@ -209,7 +212,7 @@ def test_plain_optax_works_and_options_are_checked():
   again, report = prj.reconcile(plain, state, params)  # plain optax: keys from paths too
   chex.assert_trees_all_equal(again, state)
   assert not report.changed and len(report.kept) == 4
-  with pytest.raises(TypeError, match=re.escape("needs the optax transformation that built")):
+  with pytest.raises(TypeError, match=re.escape("reconcile takes an optax transformation")):
     prj.reconcile(lambda p: p, TX.init(params), params)
   with pytest.raises(ValueError, match="on_missing must be one of"):
     prj.reconcile(TX, TX.init(params), params, on_missing="drop")

@@ -35,6 +35,7 @@ from paramreg_jax._src import registry as registry_lib
 
 _KEYED_MARK = "__paramreg_keyed__"
 _CACHE_SIZE = 64
+_LATER_STEPS = 3  # how many updates' worth of state forms the check accepts beyond init's
 
 
 def _is_masked(x: Any) -> bool:
@@ -193,13 +194,46 @@ def slot_key(comps: Path, prefixes: list[Path]) -> tuple[Path, str] | None:
   return None
 
 
+def positions_of(slots: Any, state: Any = None) -> dict[str, str]:
+  """``{named key: positional key}`` of the parameters a state mirrors: the order in which
+  their names first appear in its fullest mirror (a parameter's flatten position, for a state
+  built by ``tx.init``). Masked parameters have no state, so a masked state's positions cannot
+  be told: ``ValueError``."""
+  if state is not None and any(
+    _is_masked(x) for x in jax.tree_util.tree_leaves(state, is_leaf=_is_masked)
+  ):
+    raise ValueError(
+      "the state masks some parameters (optax.masked / multi_transform), so their positions "
+      "cannot be read from it; key this optimizer by name (keyed(tx, by='name'))"
+    )
+  per_prefix: dict[Path, list[str]] = {}
+  for prefix, key in slots:
+    names = per_prefix.setdefault(prefix, [])
+    if key not in names:
+      names.append(key)
+  fullest = max(per_prefix.values(), key=len, default=[])
+  return {name: keys_lib.INDEXED_KEY_PREFIX + str(i) for i, name in enumerate(fullest)}
+
+
+def rekey(table: dict[tuple[Path, str], Any], names: dict[str, str]) -> dict[tuple[Path, str], Any]:
+  """A slot table with its named keys replaced by ``names[key]`` (positional keys)."""
+  return {(prefix, names.get(key, key)): v for (prefix, key), v in table.items()}
+
+
 def _mismatch(
-  state: Any, expected: Any, index: ParamIndex, per_example_ok: bool
+  state: Any, expected: Any, reference: Any, per_example_ok: bool, by: registry_lib.By
 ) -> errors.StateMismatchError | None:
   """The error for a state that is not what ``tx.init`` builds for these parameters."""
+  index = ParamIndex.of(reference, by)
   prefixes = [prefix for prefix, _, _ in mirrors(expected, index)]
   want, want_plain = _slot_table(expected, prefixes)
   have, have_plain = _slot_table(state, prefixes)
+  if by == "position":  # the parameters' positions, and the state's own order
+    want = rekey(want, dict(zip(ParamIndex.of(reference, "name").keys, index.keys)))
+    try:
+      have = rekey(have, positions_of(have, state))
+    except ValueError as e:
+      return errors.StateMismatchError(f"the optimizer state does not match its parameters; {e}")
   want_keys = {k for _, k in want}
   have_keys = {k for _, k in have}
   missing = sorted(want_keys - have_keys)
@@ -264,11 +298,29 @@ def _per_example(have: dict[Any, Any], want: dict[Any, Any]) -> bool:
 # --- keyed ---------------------------------------------------------------------------------------
 
 
+def as_transformation(tx: Any, where: str) -> optax.GradientTransformation:
+  """``tx`` as an optax ``GradientTransformation``: itself, ``MultiSteps.gradient_transformation()``,
+  or any object with ``init`` and ``update`` (as optax's own wrappers accept)."""
+  if isinstance(tx, optax.GradientTransformation):
+    return tx
+  to_tx = getattr(tx, "gradient_transformation", None)
+  if callable(to_tx):  # optax.MultiSteps
+    return to_tx()
+  init, update = getattr(tx, "init", None), getattr(tx, "update", None)
+  if callable(init) and callable(update):
+    return optax.GradientTransformationExtraArgs(init, update)
+  raise TypeError(
+    f"{where} takes an optax transformation (e.g. optax.adam(1e-3), or an object with init and "
+    f"update such as optax.MultiSteps), got {type(tx).__name__}"
+  )
+
+
 def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> Any:
   """Wraps an optax transformation so its state is checked and read by parameter key.
 
   Args:
-    tx: any ``optax.GradientTransformation`` (or ``GradientTransformationExtraArgs``).
+    tx: any ``optax.GradientTransformation`` (or ``GradientTransformationExtraArgs``), or an
+      object with ``init`` and ``update`` such as ``optax.MultiSteps(...)``.
     by: ``"name"`` (keys from tree paths, order-independent) or ``"position"``.
 
   Returns:
@@ -303,11 +355,7 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
   """
   if by not in ("name", "position"):
     raise ValueError(f"by must be 'name' or 'position', got {by!r}")
-  if not isinstance(tx, optax.GradientTransformation):
-    raise TypeError(
-      f"keyed takes an optax GradientTransformation (e.g. optax.adam(1e-3)), got "
-      f"{type(tx).__name__}"
-    )
+  tx = as_transformation(tx, "keyed")
   # (params signature) -> abstract state that tx.init builds for it; bounded, per wrapper
   built: dict[Any, tuple[Any, Any]] = {}
 
@@ -321,7 +369,31 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
     remember(signature, abstract)
     return abstract, *built[signature]
 
-  def check(state: Any, updates: Any, params: Any) -> None:
+  # states that tx.update produces from tx.init for a params signature (optax.monitor fills
+  # its measurements at the first update): accepted like the init state itself
+  stepped: dict[Any, list[tuple[Any, Any]]] = {}
+
+  def later_states(updates: Any, params: Any, signature: Any, extra: dict[str, Any]) -> list:
+    if signature not in stepped:
+      out: list[tuple[Any, Any]] = []
+      state = jax.eval_shape(tx.init, _abstract(params if params is not None else updates))
+      for _ in range(_LATER_STEPS):
+        try:
+          state = jax.eval_shape(
+            lambda u, s, p: tx.update(u, s, p, **extra)[1], updates, state, params
+          )
+        except Exception:  # an update that needs what eval_shape lacks: no later forms
+          break
+        form = (jax.tree.structure(state, is_leaf=_is_masked), _signature(state)[1])
+        if any(_same(form, f) for f in out):
+          break
+        out.append(form)
+      if len(stepped) >= _CACHE_SIZE:
+        stepped.pop(next(iter(stepped)))
+      stepped[signature] = out
+    return stepped[signature]
+
+  def check(state: Any, updates: Any, params: Any, extra: dict[str, Any]) -> None:
     reference = updates if params is None else params
     signature = _signature(reference)
     known = built.get(signature)
@@ -331,7 +403,11 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
     expected, *fresh = expected_for(reference, signature)
     if _same(have, (fresh[0], fresh[1])):
       return
-    error = _mismatch(state, expected, ParamIndex.of(reference, by), per_example_ok=params is None)
+    if have[0] != fresh[0] and any(
+      _same(have, f) for f in later_states(updates, params, signature, extra)
+    ):
+      return
+    error = _mismatch(state, expected, reference, per_example_ok=params is None, by=by)
     if error is not None:
       raise error
 
@@ -344,14 +420,14 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
   if isinstance(tx, optax.GradientTransformationExtraArgs):
 
     def update_fn(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
-      check(state, updates, params)
+      check(state, updates, params, extra)
       return tx.update(updates, state, params, **extra)
 
     wrapped: Any = optax.GradientTransformationExtraArgs(init_fn, update_fn)
   else:
 
     def update_plain(updates: Any, state: Any, params: Any = None) -> Any:
-      check(state, updates, params)
+      check(state, updates, params, {})
       return tx.update(updates, state, params)
 
     wrapped = optax.GradientTransformation(init_fn, update_plain)
@@ -374,11 +450,43 @@ def keyed_info(tx: Any) -> tuple[optax.GradientTransformation, registry_lib.By] 
 # --- reading a state by key ----------------------------------------------------------------------
 
 
+def _is_nnx(x: Any) -> bool:
+  """A flax NNX ``State`` or ``Variable`` (checked without importing flax)."""
+  return type(x).__module__.startswith("flax.nnx") and (
+    hasattr(x, "to_pure_dict") or hasattr(x, "get_value")
+  )
+
+
+def plain_tree(tree: Any) -> Any:
+  """``tree`` with NNX ``State``s as nested dicts and ``Variable``s as their values, so a live
+  ``nnx.state(optimizer)`` (or ``optimizer.opt_state``) and ``nnx.state(model, nnx.Param)``
+  mirror each other as plain trees do; anything else unchanged."""
+
+  def plain(x: Any) -> Any:
+    if not _is_nnx(x):
+      return x
+    return x.to_pure_dict() if hasattr(x, "to_pure_dict") else x.get_value()
+
+  if _is_nnx(tree):
+    return plain(tree)
+  if not any(_is_nnx(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_nnx)):
+    return tree
+  return jax.tree.map(plain, tree, is_leaf=_is_nnx)
+
+
+def _optax_state(state: Any) -> Any:
+  """The optax state in ``state``: ``nnx.state(optimizer)`` holds it under ``opt_state``."""
+  if hasattr(state, "keys") and "opt_state" in state.keys():
+    state = state["opt_state"]
+  return plain_tree(state)
+
+
 def state_keys(state: Any, params: Any = None, *, by: registry_lib.By = "name") -> frozenset[str]:
   """The parameter keys a (keyed or plain) optax state holds state for.
 
   Args:
-    state: an optimizer state (live, or restored by orbax without a target).
+    state: an optimizer state (live, or restored by orbax without a target), also a live
+      ``nnx.state(optimizer)`` or ``optimizer.opt_state``.
     params: the parameters the state belongs to; needed because the state has the optimizer's
       own structure (its keys come from the parameters' paths). Without it, only the keys
       stored in a state written by paramreg_jax < 0.2 are found.
@@ -395,10 +503,10 @@ def state_keys(state: Any, params: Any = None, *, by: registry_lib.By = "name") 
     >>> sorted(state_keys(state, params))
     ['n:b', 'n:w']
   """
+  state = _optax_state(state)
   if params is not None:
-    return frozenset(
-      k for _, _, keys in mirrors(state, ParamIndex.of(params, by)) for k in keys if k is not None
-    )
+    index = ParamIndex.of(plain_tree(params), by)
+    return frozenset(k for _, _, keys in mirrors(state, index) for k in keys if k is not None)
   found = {
     keys_lib.entry_to_component(path[-1])
     for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]
@@ -418,7 +526,7 @@ def param_state(
   """Every state leaf of one parameter, by where it sits in the state.
 
   Args:
-    state: an optimizer state built for ``params``.
+    state: an optimizer state built for ``params`` (also a live ``nnx.state(optimizer)``).
     params: the parameters.
     key: the parameter's canonical key (``"n:dense/kernel"``).
     by: ``"name"`` or ``"position"`` keys.
@@ -438,7 +546,8 @@ def param_state(
     >>> sorted(param_state(state, params, "n:dense/kernel"))
     ['0/mu', '0/nu']
   """
-  index = ParamIndex.of(params, by)
+  state = _optax_state(state)
+  index = ParamIndex.of(plain_tree(params), by)
   if key not in index.keys:
     raise KeyError(
       f"{key}: not a parameter key of these params ({len(index.keys)} parameters)"

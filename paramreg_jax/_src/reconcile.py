@@ -10,7 +10,6 @@ a shape/dtype change is an error unless asked to re-initialise. Nothing is silen
 from __future__ import annotations
 
 import dataclasses
-import html
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
@@ -25,76 +24,9 @@ from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
+from paramreg_jax._src.surgery import SurgeryReport
 
 Path = keyed_lib.Path
-
-
-@dataclasses.dataclass(frozen=True)
-class SurgeryReport:
-  """What :func:`reconcile` did to each parameter key (tuples of keys, sorted).
-
-  Attributes:
-    kept: keys whose state was carried over bit-exact.
-    added: new keys, given fresh state from ``tx.init``.
-    dropped: keys whose state was discarded (the parameter is gone or now has no state).
-    reinitialized: keys present before whose state was re-created (shape/dtype change with
-      ``on_shape_mismatch="init"``, or state that moved to another part of the optimizer).
-    renamed: ``(old key, new key)`` pairs applied by ``rename`` (their state counts as kept
-      under the new key).
-
-  Examples:
-    >>> from paramreg_jax import SurgeryReport
-    >>> print(SurgeryReport(kept=("n:a",), added=("n:b",), dropped=(), reinitialized=()))
-    SurgeryReport: 1 kept, 1 added, 0 dropped, 0 re-initialised
-      kept:          n:a
-      added:         n:b
-  """
-
-  kept: tuple[str, ...] = ()
-  added: tuple[str, ...] = ()
-  dropped: tuple[str, ...] = ()
-  reinitialized: tuple[str, ...] = ()
-  renamed: tuple[tuple[str, str], ...] = ()
-
-  def _rows(self) -> list[tuple[str, tuple[str, ...]]]:
-    return [
-      ("kept", self.kept),
-      ("added", self.added),
-      ("dropped", self.dropped),
-      ("re-initialised", self.reinitialized),
-      ("renamed", tuple(f"{a} -> {b}" for a, b in self.renamed)),
-    ]
-
-  @property
-  def changed(self) -> bool:
-    """Whether anything other than keeping state happened."""
-    return bool(self.added or self.dropped or self.reinitialized or self.renamed)
-
-  def __str__(self) -> str:
-    head = (
-      f"SurgeryReport: {len(self.kept)} kept, {len(self.added)} added, "
-      f"{len(self.dropped)} dropped, {len(self.reinitialized)} re-initialised"
-    )
-    lines = [head] + [f"  {label + ':':<14} {', '.join(ks)}" for label, ks in self._rows() if ks]
-    return "\n".join(lines)
-
-  def _repr_html_(self) -> str:
-    colors = {
-      "kept": "#2e7d32",
-      "added": "#1565c0",
-      "dropped": "#c62828",
-      "re-initialised": "#ef6c00",
-      "renamed": "#6a1b9a",
-    }
-    rows = "".join(
-      f"<tr><td style='color:{colors[label]};font-weight:bold'>{label}</td>"
-      f"<td>{len(ks)}</td><td><code>{html.escape(', '.join(ks)) or '&mdash;'}</code></td></tr>"
-      for label, ks in self._rows()
-    )
-    return (
-      "<table><thead><tr><th>state</th><th>#</th><th>parameter keys</th></tr></thead>"
-      f"<tbody>{rows}</tbody></table>"
-    )
 
 
 def _spec(x: Any) -> tuple[tuple[int, ...], Any]:
@@ -163,22 +95,18 @@ def reconcile(
     >>> report.kept, report.added, report.dropped
     (('n:a',), ('n:new',), ('n:gone',))
   """
-  inner, by = keyed_lib.keyed_info(tx) or (tx, "name")
-  if not isinstance(inner, optax.GradientTransformation):
-    raise TypeError(
-      "reconcile needs the optax transformation that built the state (plain or "
-      f"paramreg_jax.keyed), got {type(tx).__name__}"
-    )
+  inner, by = keyed_lib.keyed_info(tx) or (keyed_lib.as_transformation(tx, "reconcile"), "name")
   _check_option("on_missing", on_missing, ("init", "error"))
   _check_option("on_unexpected", on_unexpected, ("drop", "error"))
   _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init"))
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
   layout = _new_layout(inner, params, by)
-  old = _read_old_state(_optimizer_state(state), layout.prefixes, rename)
+  old = _read_old_state(_optimizer_state(state), layout, rename, by)
+  layout = _matching_form(layout, old)
   diff = _compare(layout, old)
   _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
-  return _assemble(inner, params, layout, old, diff), diff.report(old.renamed)
+  return _assemble(inner, params, layout, old, diff), diff.report(old)
 
 
 Slot = tuple[Path, str]  # (mirror prefix in the state, parameter key)
@@ -193,6 +121,8 @@ class _Layout:
   prefixes: list[Path]  # the state's subtrees that mirror the parameters, longest first
   leaves: list[tuple[Path, Any]]  # (path in the state, ShapeDtypeStruct)
   slots: dict[Path, Slot | None]  # per-parameter leaves; None for counts, hyperparameters
+  names: dict[str, str]  # named key -> the key used here (itself, or p:<index> by position)
+  later: list[Any]  # abstract states after 1, 2 updates (optax.monitor fills its state late)
 
   @property
   def keys(self) -> set[str]:
@@ -204,12 +134,59 @@ def _new_layout(
 ) -> _Layout:
   abstract = jax.eval_shape(inner.init, params)
   index = keyed_lib.ParamIndex.of(params, by)
+  named = keyed_lib.ParamIndex.of(params, "name") if by == "position" else index
+  names = dict(zip(named.keys, index.keys))
   prefixes = sorted(
     (prefix for prefix, _, _ in keyed_lib.mirrors(abstract, index)), key=len, reverse=True
   )
   leaves = keyed_lib.state_leaves(abstract)
-  slots = {comps: keyed_lib.slot_key(comps, prefixes) for comps, _ in leaves}
-  return _Layout(abstract, index, prefixes, leaves, slots)
+  slots = _slots_of(leaves, prefixes, names)
+  return _Layout(abstract, index, prefixes, leaves, slots, names, _later_forms(inner, params))
+
+
+def _slots_of(
+  leaves: list[tuple[Path, Any]], prefixes: list[Path], names: dict[str, str]
+) -> dict[Path, Slot | None]:
+  """Each state leaf's (mirror prefix, parameter key), or None for counts, hyperparameters."""
+  out: dict[Path, Slot | None] = {}
+  for comps, _ in leaves:
+    slot = keyed_lib.slot_key(comps, prefixes)
+    out[comps] = None if slot is None else (slot[0], names.get(slot[1], slot[1]))
+  return out
+
+
+def _later_forms(inner: optax.GradientTransformation, params: Any) -> list[Any]:
+  """The abstract states after one and two updates, where they differ from ``inner.init``'s
+  (``optax.monitor`` fills its measurements at the first update): forms of this very
+  optimizer's state, never a change of optimizer."""
+  out: list[Any] = []
+  try:
+    state = jax.eval_shape(inner.init, params)
+    for _ in range(2):
+      state = jax.eval_shape(lambda u, s: inner.update(u, s, u)[1], params, state)
+      out.append(state)
+  except Exception:  # an update that needs more than gradients (extra arguments)
+    pass
+  return out
+
+
+def _plain_specs(layout: _Layout) -> dict[Path, Any]:
+  return {c: (tuple(x.shape), x.dtype) for c, x in layout.leaves if layout.slots[c] is None}
+
+
+def _matching_form(layout: _Layout, old: _OldState) -> _Layout:
+  """The layout of the state's form the old state is in: ``tx.init``'s, or a later one that
+  the optimizer's own updates produce (its non-parameter leaves all match)."""
+  specs = {c: _spec(x) for c, x in old.plain.items()}
+  if all(specs.get(c) == spec for c, spec in _plain_specs(layout).items()):
+    return layout
+  for abstract in layout.later:
+    leaves = keyed_lib.state_leaves(abstract)
+    slots = _slots_of(leaves, layout.prefixes, layout.names)
+    form = dataclasses.replace(layout, abstract=abstract, leaves=leaves, slots=slots)
+    if all(specs.get(c) == spec for c, spec in _plain_specs(form).items()):
+      return form
+  return layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +196,9 @@ class _OldState:
   slots: dict[Slot, Any]
   plain: dict[Path, Any]
   renamed: tuple[tuple[str, str], ...]
+  elsewhere: dict[str, list[Path]]  # keys with state where the new optimizer keeps none
+  overwritten: tuple[str, ...]  # old keys whose state a rename replaced (their key was taken)
+  discarded: list[Path]  # non-parameter leaves the new optimizer does not keep
 
   @property
   def keys(self) -> set[str]:
@@ -236,20 +216,25 @@ class _Diff:
   moved: set[str]  # keys whose state exists, but not in every place the new optimizer needs
   needs_init: set[Path]  # leaves of the new state that tx.init must provide
   optimizer_problems: list[str]  # non-parameter state that does not match
+  optimizer_changed: str  # what of the old state the new optimizer does not keep
+  shifted: tuple[tuple[str, int, int], ...]
 
-  def report(self, renamed: tuple[tuple[str, str], ...]) -> SurgeryReport:
+  def report(self, old: _OldState) -> SurgeryReport:
     reinit = set(self.mismatched) | self.moved
     return SurgeryReport(
       kept=tuple(sorted(self.kept - reinit)),
       added=tuple(self.added),
       dropped=tuple(self.dropped),
       reinitialized=tuple(sorted(reinit)),
-      renamed=renamed,
+      renamed=old.renamed,
+      optimizer_changed=self.optimizer_changed,
+      shifted=self.shifted,
     )
 
 
 def _compare(layout: _Layout, old: _OldState) -> _Diff:
   old_keys, new_keys = old.keys, layout.keys
+  had_state = old_keys | set(old.elsewhere)
   problems: list[str] = []
   mismatched: dict[str, list[str]] = {}
   needs_init: set[Path] = set()
@@ -262,7 +247,7 @@ def _compare(layout: _Layout, old: _OldState) -> _Diff:
       have = old.slots.get(slot)
       if have is None:
         needs_init.add(comps)
-        if key in old_keys:
+        if key in had_state:
           moved.add(key)
       elif _spec(have) != want:
         mismatched.setdefault(key, []).append(
@@ -277,7 +262,7 @@ def _compare(layout: _Layout, old: _OldState) -> _Diff:
       problems.append(
         f"{'/'.join(comps)}: old state has {_fmt(_spec(have))}, the optimizer now needs {_fmt(want)}"
       )
-  if problems and not old_keys & new_keys and old.plain.keys().isdisjoint(layout.slots):
+  if problems and not had_state & new_keys and old.plain.keys().isdisjoint(layout.slots):
     seen = sorted("/".join(c) for c in old.plain)[:3]
     problems.append(
       f"no entry of the old state is where the optimizer keeps one (it has {', '.join(seen)}, "
@@ -289,13 +274,59 @@ def _compare(layout: _Layout, old: _OldState) -> _Diff:
     c for c, slot in layout.slots.items() if slot is not None and slot[1] in mismatched
   }
   return _Diff(
-    added=sorted(new_keys - old_keys),
-    dropped=sorted(old_keys - new_keys),
+    added=sorted(new_keys - had_state),
+    dropped=sorted((had_state - new_keys) | set(old.overwritten)),
     kept=new_keys & old_keys,
     mismatched=mismatched,
     moved=moved,
     needs_init=needs_init,
     optimizer_problems=problems,
+    optimizer_changed=_optimizer_change(layout, old),
+    shifted=_shifted(new_keys & old_keys, had_state, new_keys, old.renamed),
+  )
+
+
+def _optimizer_change(layout: _Layout, old: _OldState) -> str:
+  """What of the old state the new optimizer does not keep, in a sentence ("" if nothing)."""
+  gone = sorted(
+    {"/".join(p[:-1] if len(p) > 1 else p) for ps in old.elsewhere.values() for p in ps}
+  )
+  gone += sorted("/".join(p) for p in old.discarded)
+  if not gone:
+    return ""
+  keeps = sorted({"/".join(prefix) or "<root>" for prefix in layout.prefixes})
+  keeps += sorted({"/".join(c) for c, slot in layout.slots.items() if slot is None})
+  shown = ", ".join(gone[:6]) + (f", ... ({len(gone)} in all)" if len(gone) > 6 else "")
+  return (
+    f"the old state's {shown} are not kept: the optimizer changed "
+    f"(it now keeps {', '.join(keeps[:6]) or 'no state'})"
+  )
+
+
+def _shifted(
+  kept: set[str], had: set[str], new: set[str], renamed: tuple[tuple[str, str], ...]
+) -> tuple[tuple[str, int, int], ...]:
+  """Lists of parameters (``layers/<i>/...``) whose length changed while some of their entries
+  kept state by index, with no rename touching them."""
+
+  def lists(keys: set[str]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for key in keys:
+      comps = key.split(":", 1)[1].split("/")
+      for j, comp in enumerate(comps):
+        if comp.isdigit():
+          out.setdefault("/".join(comps[:j]), set()).add(int(comp))
+    return out
+
+  before, after, kept_in = lists(had), lists(new), lists(kept)
+  touched = {w for pair in renamed for k in pair for w in lists({k})}
+  return tuple(
+    (f"{where}/" if where else "<root>", len(before[where]), len(after[where]))
+    for where in sorted(kept_in)
+    if where in before
+    and where in after
+    and len(before[where]) != len(after[where])
+    and where not in touched
   )
 
 
@@ -314,6 +345,8 @@ def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch:
       f"{len(diff.dropped)} state key(s) have no parameter (on_unexpected='error'): "
       f"{', '.join(diff.dropped)}"
     )
+  if on_unexpected == "error" and diff.optimizer_changed:
+    problems.append(f"{diff.optimizer_changed} (on_unexpected='error')")
   if on_shape_mismatch == "error" and diff.mismatched:
     problems.append(
       f"{len(diff.mismatched)} parameter(s) changed shape or dtype; pass "
@@ -361,42 +394,108 @@ def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tupl
 
 
 def _read_old_state(
-  state: Any, prefixes: list[Path], rename: Mapping[str, str] | Callable[[str], str] | None
+  state: Any,
+  layout: _Layout,
+  rename: Mapping[str, str] | Callable[[str], str] | None,
+  by: Literal["name", "position"],
 ) -> _OldState:
-  """``{(mirror prefix, key): leaf}`` (keys renamed) and ``{path: leaf}`` of the other leaves."""
+  """The old state's leaves by (mirror prefix, key) with ``rename`` applied, the other leaves
+  by path, and what the new optimizer will not keep."""
+  raw: dict[Slot, Any] = {}
+  plain: dict[Path, Any] = {}
+  for comps, leaf in keyed_lib.state_leaves(state):
+    slot = keyed_lib.slot_key(comps, layout.prefixes)
+    if slot is None:
+      plain[comps] = leaf
+    else:
+      raw[slot] = leaf
+  known = {p for p in layout.slots if layout.slots[p] is None}
+  known |= {c for form in layout.later for c, _ in keyed_lib.state_leaves(form)}
+  elsewhere = _state_elsewhere(plain, known, {k for _, k in raw} | set(layout.names))
+  if by == "position":
+    try:
+      names = keyed_lib.positions_of(raw, state)
+    except ValueError as e:
+      raise errors.ReconcileError(f"cannot reconcile by position: {e}") from None
+    raw = keyed_lib.rekey(raw, names)
+    elsewhere = {names.get(k, k): ps for k, ps in elsewhere.items()}
+  fn = _rename_fn(rename, {k for _, k in raw} | set(elsewhere))
+  pairs = {key: fn(key) for key in {k for _, k in raw} | set(elsewhere)}
+  for new_key in pairs.values():
+    keys_lib.parse_key(new_key)
+  # a renamed key wins its target over the old key of that name (a layer deleted and the
+  # following ones shifted down): that old state is dropped, and reported
+  targets: dict[str, list[str]] = {}
+  for old_key, new_key in pairs.items():
+    targets.setdefault(new_key, []).append(old_key)
+  overwritten: list[str] = []
+  for new_key, sources in targets.items():
+    if len(sources) == 1:
+      continue
+    moved = [k for k in sources if pairs[k] != k]
+    if len(moved) > 1:
+      raise errors.ReconcileError(
+        f"rename maps several old keys to {new_key} ({', '.join(sorted(moved))}); each new key "
+        "may receive the state of one old key only. Fix the rename mapping"
+      )
+    overwritten.extend(k for k in sources if pairs[k] == k)
+  slots = {}
+  for (prefix, key), leaf in raw.items():
+    if key in overwritten:
+      continue
+    slots[(prefix, pairs[key])] = leaf
+  elsewhere = {pairs[k]: ps for k, ps in elsewhere.items() if k not in overwritten}
+  discarded = [p for p in plain if p not in known and not any(p in ps for ps in elsewhere.values())]
+  return _OldState(
+    slots,
+    plain,
+    tuple(sorted((a, b) for a, b in pairs.items() if a != b)),
+    elsewhere,
+    tuple(sorted(overwritten)),
+    discarded,
+  )
+
+
+def _state_elsewhere(
+  plain: dict[Path, Any], known: set[Path], names: set[str]
+) -> dict[str, list[Path]]:
+  """Per-parameter state the new optimizer keeps nowhere (Adam's ``mu`` after a switch to SGD):
+  leaves outside the new layout whose path ends in a parameter's name."""
+  out: dict[str, list[Path]] = {}
+  for comps in plain:
+    if comps in known:
+      continue
+    for j in range(1, len(comps)):
+      key = keys_lib.NAMED_KEY_PREFIX + "/".join(keys_lib.escape_component(c) for c in comps[j:])
+      if key in names:
+        out.setdefault(key, []).append(comps)
+        break
+  return out
+
+
+def _rename_fn(
+  rename: Mapping[str, str] | Callable[[str], str] | None, old_keys: set[str]
+) -> Callable[[str], str]:
+  """``rename`` as a function; a mapping is checked: every old key must have state."""
   if rename is None:
-    fn: Callable[[str], str] = lambda k: k  # noqa: E731
-  elif isinstance(rename, Mapping):
+    return lambda k: k
+  if isinstance(rename, Mapping):
     mapping = dict(rename)
+    unknown = []
     for old_key, new_key in mapping.items():
       keys_lib.parse_key(old_key)
       keys_lib.parse_key(new_key)
-    fn = lambda k: mapping.get(k, k)  # noqa: E731
-  elif callable(rename):
-    fn = rename
-  else:
-    raise TypeError(f"rename must be a mapping or a callable, got {type(rename).__name__}")
-  slots: dict[tuple[Path, str], Any] = {}
-  plain: dict[Path, Any] = {}
-  pairs: dict[str, str] = {}
-  for comps, leaf in keyed_lib.state_leaves(state):
-    slot = keyed_lib.slot_key(comps, prefixes)
-    if slot is None:
-      plain[comps] = leaf
-      continue
-    prefix, old_key = slot
-    if old_key not in pairs:
-      pairs[old_key] = fn(old_key)
-      keys_lib.parse_key(pairs[old_key])
-    new_slot = (prefix, pairs[old_key])
-    if new_slot in slots:
-      sources = sorted(k for k, v in pairs.items() if v == new_slot[1])
+      if old_key not in old_keys:
+        unknown.append(f"{old_key}{errors.did_you_mean(old_key, sorted(old_keys))}")
+    if unknown:
       raise errors.ReconcileError(
-        f"rename maps several old keys to {new_slot[1]} ({', '.join(sources)}); each new key may "
-        "receive the state of one old key only. Fix the rename mapping"
+        "rename names old keys that have no state in the old optimizer state (a typo, or a "
+        "parameter the optimizer masks); nothing was changed:" + errors.bullet_list(unknown)
       )
-    slots[new_slot] = leaf
-  return _OldState(slots, plain, tuple(sorted((a, b) for a, b in pairs.items() if a != b)))
+    return lambda k: mapping.get(k, k)
+  if callable(rename):
+    return rename
+  raise TypeError(f"rename must be a mapping or a callable, got {type(rename).__name__}")
 
 
 def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: Any) -> SurgeryReport:

@@ -1,0 +1,105 @@
+"""``SurgeryReport``: what :func:`~paramreg_jax.reconcile` did to each parameter's optimizer
+state (kept, added, dropped, re-initialised, renamed), and what it noticed (the optimizer
+changed; a list of layers changed length while state stayed with its index)."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+
+
+@dataclasses.dataclass(frozen=True)
+class SurgeryReport:
+  """What :func:`reconcile` did to each parameter key (tuples of keys, sorted).
+
+  Attributes:
+    kept: keys whose state was carried over bit-exact.
+    added: new keys, given fresh state from ``tx.init``.
+    dropped: keys whose state was discarded (the parameter is gone or now has no state).
+    reinitialized: keys present before whose state was re-created (shape/dtype change with
+      ``on_shape_mismatch="init"``, or state that moved to another part of the optimizer).
+    renamed: ``(old key, new key)`` pairs applied by ``rename`` (their state counts as kept
+      under the new key).
+    optimizer_changed: what of the old state the new optimizer does not keep (Adam's ``mu``
+      after a switch to SGD, ...), empty when the optimizer is the same.
+    shifted: ``(list, old length, new length)`` of each list of parameters (``layers``) that
+      changed length without a ``rename`` for it: keys are paths, so every index kept the state
+      of whatever sat there before, right if entries were appended or removed at the end.
+
+  Examples:
+    >>> from paramreg_jax import SurgeryReport
+    >>> print(SurgeryReport(kept=("n:a",), added=("n:b",), dropped=(), reinitialized=()))
+    SurgeryReport: 1 kept, 1 added, 0 dropped, 0 re-initialised
+      kept:          n:a
+      added:         n:b
+  """
+
+  kept: tuple[str, ...] = ()
+  added: tuple[str, ...] = ()
+  dropped: tuple[str, ...] = ()
+  reinitialized: tuple[str, ...] = ()
+  renamed: tuple[tuple[str, str], ...] = ()
+  optimizer_changed: str = ""
+  shifted: tuple[tuple[str, int, int], ...] = ()
+
+  def _rows(self) -> list[tuple[str, tuple[str, ...]]]:
+    return [
+      ("kept", self.kept),
+      ("added", self.added),
+      ("dropped", self.dropped),
+      ("re-initialised", self.reinitialized),
+      ("renamed", tuple(f"{a} -> {b}" for a, b in self.renamed)),
+    ]
+
+  @property
+  def changed(self) -> bool:
+    """Whether anything other than keeping state happened."""
+    return bool(
+      self.added or self.dropped or self.reinitialized or self.renamed or self.optimizer_changed
+    )
+
+  def _notes(self) -> list[tuple[str, str]]:
+    out = []
+    if self.optimizer_changed:
+      out.append(("optimizer", self.optimizer_changed))
+    for where, before, after in self.shifted:
+      out.append(
+        (
+          "check",
+          f"{where} went from {before} to {after} entries and state stays with its index: "
+          f"right if entries were added or removed at the end; if one was inserted or deleted "
+          f"in the middle, pass rename={{old key: new key}} so state follows its weight",
+        )
+      )
+    return out
+
+  def __str__(self) -> str:
+    head = (
+      f"SurgeryReport: {len(self.kept)} kept, {len(self.added)} added, "
+      f"{len(self.dropped)} dropped, {len(self.reinitialized)} re-initialised"
+    )
+    lines = [head] + [f"  {label + ':':<14} {', '.join(ks)}" for label, ks in self._rows() if ks]
+    lines += [f"  {label + ':':<14} {text}" for label, text in self._notes()]
+    return "\n".join(lines)
+
+  def _repr_html_(self) -> str:
+    colors = {
+      "kept": "#2e7d32",
+      "added": "#1565c0",
+      "dropped": "#c62828",
+      "re-initialised": "#ef6c00",
+      "renamed": "#6a1b9a",
+    }
+    rows = "".join(
+      f"<tr><td style='color:{colors[label]};font-weight:bold'>{label}</td>"
+      f"<td>{len(ks)}</td><td><code>{html.escape(', '.join(ks)) or '&mdash;'}</code></td></tr>"
+      for label, ks in self._rows()
+    )
+    notes = "".join(
+      f"<tr><td style='font-weight:bold'>{label}</td><td></td><td>{html.escape(text)}</td></tr>"
+      for label, text in self._notes()
+    )
+    return (
+      "<table><thead><tr><th>state</th><th>#</th><th>parameter keys</th></tr></thead>"
+      f"<tbody>{rows}{notes}</tbody></table>"
+    )
