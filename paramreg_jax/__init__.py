@@ -6,6 +6,8 @@ state, checkpoint entries, recipes, reports and errors all use it.
 
 from paramreg_jax._src.backend import JaxBackend
 from paramreg_jax._src.backend import ParameterBackend
+from paramreg_jax._src.debias import DebiasAddedState
+from paramreg_jax._src.debias import debias_added
 from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import KeyCollisionError
@@ -66,6 +68,7 @@ __all__ = (
   "BindError",
   "CheckpointLease",
   "CheckpointSource",
+  "DebiasAddedState",
   "Full",
   "Indices",
   "JaxBackend",
@@ -100,6 +103,7 @@ __all__ = (
   "assign_ids",
   "assign_keys",
   "bind",
+  "debias_added",
   "keyed",
   "label_by_pattern",
   "mask_by_pattern",

@@ -176,3 +176,35 @@ def test_state_keys_and_param_state_read_a_live_nnx_optimizer():
   assert prj.state_keys(optimizer.opt_state, params) == {"n:bias", "n:kernel"}
   got = prj.param_state(live, params, "n:kernel")
   assert sorted(got) == ["0/mu", "0/nu"] and np.shape(got["0/mu"]) == (2, 3)
+
+
+# --- added parameters and Adam's shared step count -----------------------------------------------
+
+
+def aged(tx, steps):
+  """A state after one real update, every step count then set to ``steps`` (a long run)."""
+  params = {"w": jnp.ones(3)}
+  _, state = tx.update({"w": jnp.full(3, 0.5)}, tx.init(params), params)
+  return jax.tree.map(lambda x: jnp.full_like(x, steps) if x.dtype == jnp.int32 else x, state)
+
+
+def test_an_added_parameter_steps_like_a_fresh_adam_with_debias_added():
+  lr, params = 0.01, {"w": jnp.ones(3), "new": jnp.ones(3)}
+  grads = {"w": jnp.full(3, 0.5), "new": jnp.full(3, 0.5)}
+  plain = prj.keyed(optax.adam(lr))
+  state, _ = prj.reconcile(plain, aged(plain, 10_000), params)
+  updates, _ = plain.update(grads, state, params)
+  assert float(updates["new"][0]) == pytest.approx(-lr * 0.1 / np.sqrt(1e-3), rel=1e-3)  # 3.2x
+  fixed = prj.keyed(optax.chain(optax.adam(lr), prj.debias_added()))
+  state, report = prj.reconcile(fixed, aged(fixed, 10_000), params)
+  assert report.added == ("n:new",) and report.kept == ("n:w",)
+  fixed_updates, _ = fixed.update(grads, state, params)
+  assert float(fixed_updates["new"][0]) == pytest.approx(-lr, rel=1e-4)  # a fresh Adam's step
+  assert np.array_equal(fixed_updates["w"], updates["w"])  # old parameters: bit-identical
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_debias_added_changes_nothing_without_surgery(jit):
+  plain, _ = run(optax.adam(0.05), steps=5, jit=jit)
+  debiased, _ = run(prj.keyed(optax.chain(optax.adam(0.05), prj.debias_added())), steps=5, jit=jit)
+  chex.assert_trees_all_equal(plain, debiased)
