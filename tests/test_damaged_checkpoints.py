@@ -17,6 +17,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import recipes as R
 from paramreg_jax.sources import MemorySource
 from paramreg_jax.sources import OrbaxSource
 from paramreg_jax.sources import SafetensorsSource
@@ -269,3 +270,62 @@ def test_a_float64_target_without_x64_is_refused_by_the_plan():
   assert src.stats.reads == 0
   restored = prj.restore({"w": jax.ShapeDtypeStruct((2,), np.float32)}, src, dtype_policy="cast")
   assert restored["w"].dtype == np.float32
+
+
+# --- a checkpoint that changes under the reader ------------------------------------------------
+
+
+def test_a_file_replaced_at_the_same_path_after_validation_still_reads_what_was_validated(tmp_path):
+  """A training loop saving "latest" renames a newer file over the path: a longer header moves
+  every offset. The source keeps the file it validated open, so it reads the old values."""
+  path = tmp_path / "latest.safetensors"
+  save_file(dict(TENSORS), str(path))
+  src = SafetensorsSource(path)
+  newer = tmp_path / "latest.safetensors.tmp"
+  save_file(
+    {**{k: v + 100 for k, v in TENSORS.items()}, "a_much_longer_name_" * 8: np.ones(3, np.float32)},
+    str(newer),
+    metadata={"step": "2"},
+  )
+  os.replace(newer, path)  # atomic, as orbax and every "save latest" loop does it
+  out = prj.restore(target(), src)
+  for k, v in TENSORS.items():
+    np.testing.assert_array_equal(np.asarray(out[k]), v, err_msg=k)
+  src.close()
+  with pytest.raises(StoreError, match="the source was closed"):
+    src.lease("w0").read()
+
+
+def test_a_file_unlinked_mid_restore_still_restores_what_was_validated(tmp_path):
+  path = tmp_path / "m.safetensors"
+  save_file(dict(TENSORS), str(path))
+
+  class Unlinking(SafetensorsSource):
+    def _read(self, key, region):
+      if path.exists():
+        path.unlink()
+        os.chmod(tmp_path, 0o000)  # and the folder is no longer readable
+      return super()._read(key, region)
+
+  try:
+    out = prj.restore(target(), Unlinking(path))
+  finally:
+    os.chmod(tmp_path, 0o755)
+  for k, v in TENSORS.items():
+    np.testing.assert_array_equal(np.asarray(out[k]), v, err_msg=k)
+
+
+def test_zero_size_tensors_that_plan_also_materialize(tmp_path):
+  path = tmp_path / "m.safetensors"
+  save_file({"empty": np.zeros((0, 4), np.float32), "w": np.ones(3, np.float32)}, str(path))
+  tree = {"empty": jnp.ones((0, 4)), "w": jnp.zeros(3)}
+  prj.plan_restore(tree, SafetensorsSource(path))
+  out = prj.restore(tree, SafetensorsSource(path))
+  assert out["empty"].shape == (0, 4) and np.array_equal(out["w"], np.ones(3))
+  sharded = jax.sharding.NamedSharding(
+    jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b")),
+    jax.sharding.PartitionSpec(None, "b"),
+  )
+  abstract = {"empty": jax.ShapeDtypeStruct((0, 4), jnp.float32, sharding=sharded)}
+  out = prj.restore(abstract, SafetensorsSource(path), recipes=R.RecipeSet({}, ignore=["w"]))
+  assert out["empty"].shape == (0, 4) and out["empty"].sharding == sharded

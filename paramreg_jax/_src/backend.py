@@ -219,6 +219,11 @@ class JaxBackend:
     """
     if not requests:
       return []
+    empty = [_empty_tensor(source, recipe, context) for recipe, context in requests]
+    if any(e is not None for e in empty):  # zero-size tensors: nothing to read, built here
+      rest = [r for r, e in zip(requests, empty) if e is None]
+      built = iter(self.materialize_all(source, rest))
+      return [e if e is not None else next(built) for e in empty]
     first = requests[0][1]
     budget = first.max_inflight_bytes or default_max_inflight_bytes()
     tasks = [
@@ -320,6 +325,23 @@ class JaxBackend:
     """The new value of the slot (functional replacement; nothing is mutated)."""
     del parameter
     return weight
+
+
+def _empty_tensor(
+  source: Any, recipe: ops.Recipe, context: MaterializationContext
+) -> Materialization | None:
+  """A plain checkpoint tensor with a zero-size axis, as the empty array it is (no read), or
+  None for anything else (a recipe that produces zero bytes stays an error, at plan time)."""
+  shape = tuple(context.shape)
+  if not (isinstance(recipe, ops.Source) and 0 in shape and source_lib.has_key(source, recipe.key)):
+    return None
+  meta = source.metadata(recipe.key)
+  if not isinstance(recipe.selection, sel_lib.Full) or (meta.shape, meta.dtype) != (
+    shape,
+    np.dtype(context.dtype),
+  ):
+    return None  # the general path reports the mismatch
+  return Materialization(context.key, jax.device_put(np.zeros(shape, meta.dtype), context.sharding))
 
 
 def _tasks(

@@ -19,7 +19,6 @@ import json
 import os
 import pathlib
 import struct
-import threading
 from typing import Any
 
 import ml_dtypes
@@ -93,24 +92,42 @@ class _File:
   def __init__(self, path: pathlib.Path):
     self.path = path
     self.entries: dict[str, tuple[source_lib.TensorMetadata, int]] = {}
-    self._parse()
+    # The file stays open from validation to the last read: a newer save renamed over the path
+    # (what a training loop saving "latest" does) cannot put other bytes under these offsets.
+    self.fd = -1
+    try:
+      self.fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+      raise errors.SourceIOError(f"{path}: cannot open: {e}") from e
+    try:
+      self._parse()
+    except BaseException:
+      self.close()
+      raise
+
+  def close(self) -> None:
+    if self.fd >= 0:
+      os.close(self.fd)
+      self.fd = -1
+
+  def __del__(self) -> None:
+    self.close()
 
   def _bad(self, message: str) -> errors.MalformedSafetensorsError:
     return errors.MalformedSafetensorsError(f"{self.path}: {message}; nothing was read from it")
 
   def _parse(self) -> None:
     try:
-      size = self.path.stat().st_size
-      with open(self.path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-          raise self._bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-          raise self._bad(f"header length {n} runs past the end of the file ({size} bytes)")
-        if n > _MAX_HEADER:
-          raise self._bad(f"header length {n} exceeds {_MAX_HEADER} bytes")
-        raw = f.read(n)
+      size = os.fstat(self.fd).st_size
+      head = os.pread(self.fd, 8, 0)
+      if len(head) < 8:
+        raise self._bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
+      (n,) = struct.unpack("<Q", head)
+      if n > size - 8:
+        raise self._bad(f"header length {n} runs past the end of the file ({size} bytes)")
+      if n > _MAX_HEADER:
+        raise self._bad(f"header length {n} exceeds {_MAX_HEADER} bytes")
+      raw = os.pread(self.fd, n, 8)
     except OSError as e:
       raise errors.SourceIOError(f"{self.path}: cannot read the header: {e}") from e
     try:
@@ -180,20 +197,16 @@ class _File:
         f"is {data_len} bytes)"
       )
 
-  def read(self, key: str, region: sel_lib.Region, fd: int | None = None) -> np.ndarray:
-    """``region`` of ``key`` in a new 64-byte aligned array (positional reads, no mapping),
-    through ``fd`` if given (an open descriptor of this file), else one opened for it."""
+  def read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    """``region`` of ``key`` in a new 64-byte aligned array (positional reads on the file as
+    it was validated, no mapping)."""
     meta, offset = self.entries[key]
     out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
     if out.size == 0:
       return out
-    own = fd is None
-    fd = os.open(self.path, os.O_RDONLY) if fd is None else fd
-    try:
-      self._read_box(fd, offset, meta.shape, meta.dtype.itemsize, region, out, key)
-    finally:
-      if own:
-        os.close(fd)
+    if self.fd < 0:
+      raise errors.SourceIOError(f"{self.path}: the source was closed; open it again to read")
+    self._read_box(self.fd, offset, meta.shape, meta.dtype.itemsize, region, out, key)
     return out
 
   def _read_box(
@@ -278,7 +291,6 @@ class SafetensorsSource(source_lib.BaseSource):
     else:
       raise errors.MissingShardError(f"{self.path}: no such file or directory")
     self._keys = tuple(sorted(self._where))
-    self._batch = threading.local()  # descriptors of the current thread's read_many
 
   @functools.cached_property
   def config(self) -> dict[str, Any] | None:
@@ -361,23 +373,30 @@ class SafetensorsSource(source_lib.BaseSource):
     return f.entries[key][0]
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    f = self._where[key]
-    return f.read(key, region, getattr(self._batch, "fds", {}).get(f.path))
+    return self._where[key].read(key, region)
 
-  def read_many(self, requests: Any) -> list[np.ndarray]:
-    """Several reads, each file opened once for all of them (10,000 small tensors: one
-    ``open`` instead of 10,000). The descriptors belong to this call's thread only."""
-    paths = {self._where[k].path for k, _ in requests if k in self._where}
-    fds: dict[pathlib.Path, int] = {}
-    try:
-      for path in paths:
-        fds[path] = os.open(path, os.O_RDONLY)
-      self._batch.fds = fds
-      return super().read_many(requests)
-    finally:
-      self._batch.fds = {}
-      for fd in fds.values():
-        os.close(fd)
+  def close(self) -> None:
+    """Closes the files (they stay open from validation to the last read, so that a file
+    replaced at the same path cannot change what was validated). Also on garbage collection.
+
+    Examples:
+      >>> import numpy as np, tempfile, os
+      >>> from safetensors.numpy import save_file
+      >>> from paramreg_jax.sources import SafetensorsSource
+      >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+      >>> save_file({"w": np.ones(2, np.float32)}, path)
+      >>> with SafetensorsSource(path) as src:
+      ...   src.lease("w").read().tolist()
+      [1.0, 1.0]
+    """
+    for f in {id(f): f for f in self._where.values()}.values():
+      f.close()
+
+  def __enter__(self) -> SafetensorsSource:
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
 
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """``box`` widened to whole rows (leading-axis slices): a tensor is row-major in its file,
