@@ -1,6 +1,7 @@
 """Damaged, half-written or hostile checkpoints: a clear error naming the tensor, never a crash,
 never a silent success, and the caller's tree untouched."""
 
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,8 @@ from safetensors.numpy import save_file
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
+from paramreg_jax.sources import MalformedIndexError
+from paramreg_jax.sources import MalformedSafetensorsError
 from paramreg_jax.sources import MemorySource
 from paramreg_jax.sources import OrbaxSource
 from paramreg_jax.sources import SafetensorsSource
@@ -329,3 +332,31 @@ def test_zero_size_tensors_that_plan_also_materialize(tmp_path):
   abstract = {"empty": jax.ShapeDtypeStruct((0, 4), jnp.float32, sharding=sharded)}
   out = prj.restore(abstract, SafetensorsSource(path), recipes=R.RecipeSet({}, ignore=["w"]))
   assert out["empty"].shape == (0, 4) and out["empty"].sharding == sharded
+
+
+def test_deeply_nested_json_is_a_store_error_naming_the_file(tmp_path):
+  deep = "[" * 100_000 + "]" * 100_000
+  header = ('{"a": ' + deep + "}").encode()
+  st = tmp_path / "deep.safetensors"
+  st.write_bytes(len(header).to_bytes(8, "little") + header)
+  with pytest.raises(MalformedSafetensorsError, match=r"deep.safetensors: .*nested"):
+    SafetensorsSource(st)
+  folder = tmp_path / "sharded"
+  folder.mkdir()
+  (folder / "model.safetensors.index.json").write_text('{"weight_map": ' + deep + "}")
+  with pytest.raises(MalformedIndexError, match=r"model\.safetensors\.index\.json"):
+    SafetensorsSource(folder)
+  ckpt = tmp_path / "orbax"
+  saver = ocp.StandardCheckpointer()
+  saver.save(ckpt, {"w": np.ones(2, np.float32)})
+  saver.wait_until_finished()
+  (ckpt / "_METADATA").write_text('{"tree_metadata": ' + deep + "}")
+  with pytest.raises(StoreError, match="_METADATA: not valid JSON"):
+    OrbaxSource(ckpt)
+
+
+@pytest.mark.parametrize("name", ["x" * 5000 + ".safetensors", "a\x00b.safetensors", " "])
+def test_an_index_naming_an_unusable_shard_file_is_refused(tmp_path, name):
+  (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": name}}))
+  with pytest.raises(MalformedIndexError, match="not a usable file name"):
+    SafetensorsSource(tmp_path)

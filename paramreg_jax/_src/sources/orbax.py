@@ -107,7 +107,7 @@ def _check_metadata_file(path: pathlib.Path) -> None:
     )
   try:
     data = json.loads(meta.read_text())
-  except (OSError, UnicodeDecodeError, ValueError) as e:
+  except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
     raise errors.StoreError(
       f"{meta}: not valid JSON ({e}); the checkpoint's tree metadata is damaged, nothing was read"
     ) from None

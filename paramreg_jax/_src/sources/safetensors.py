@@ -136,6 +136,8 @@ class _File:
       raise self._bad(str(e)) from None
     except (UnicodeDecodeError, ValueError) as e:
       raise self._bad(f"the header is not valid JSON ({e})") from None
+    except RecursionError:
+      raise self._bad("the header is not valid JSON (nested too deeply to parse)") from None
     if not isinstance(header, dict):
       raise self._bad("the header is not a JSON object")
     data_start = 8 + n
@@ -328,7 +330,7 @@ class SafetensorsSource(source_lib.BaseSource):
   def _load_index(self, index: pathlib.Path) -> None:
     try:
       data = json.loads(index.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
       raise errors.MalformedIndexError(f"{index}: cannot parse the index: {e}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
@@ -340,6 +342,11 @@ class SafetensorsSource(source_lib.BaseSource):
     root = index.parent.resolve()
     shards: dict[str, set[str]] = {}
     for key, name in weight_map.items():
+      if "\x00" in name or len(name) > 1024 or not name.strip():
+        raise errors.MalformedIndexError(
+          f"{index}: tensor {key!r} points to {name[:60]!r}{'...' if len(name) > 60 else ''} "
+          f"({len(name)} characters), which is not a usable file name; nothing was read"
+        )
       target = (root / name).resolve()
       if (
         pathlib.PurePath(name).is_absolute()
