@@ -222,8 +222,8 @@ class JaxBackend:
     empty = [_empty_tensor(source, recipe, context) for recipe, context in requests]
     if any(e is not None for e in empty):  # zero-size tensors: nothing to read, built here
       rest = [r for r, e in zip(requests, empty) if e is None]
-      built = iter(self.materialize_all(source, rest))
-      return [e if e is not None else next(built) for e in empty]
+      others = iter(self.materialize_all(source, rest))
+      return [e if e is not None else next(others) for e in empty]
     first = requests[0][1]
     budget = first.max_inflight_bytes or default_max_inflight_bytes()
     tasks = [
@@ -298,6 +298,8 @@ class JaxBackend:
     """Every reason ``weight`` cannot replace ``parameter`` (empty when it can)."""
     out = []
     shape, dtype = tuple(parameter.shape), np.dtype(parameter.dtype)
+    if not (hasattr(weight, "shape") and hasattr(weight, "dtype")):
+      return [f"a {type(weight).__name__} ({weight!r:.40}), the target expects a jax.Array"]
     if tuple(weight.shape) != shape:
       out.append(f"shape {tuple(weight.shape)}, the target expects {shape}")
     if np.dtype(weight.dtype) != dtype:

@@ -23,7 +23,7 @@ import optax
 
 
 class DebiasAddedState(NamedTuple):
-  """``count``: the optimizer's steps; ``ages``: each parameter's steps (a params-shaped tree of
+  """``steps``: the optimizer's steps; ``ages``: each parameter's steps (a params-shaped tree of
   int32 scalars, so :func:`~paramreg_jax.reconcile` keeps, adds and drops them by key).
 
   Examples:
@@ -33,7 +33,7 @@ class DebiasAddedState(NamedTuple):
     {'w': Array(0, dtype=int32)}
   """
 
-  count: jax.Array
+  steps: jax.Array
   ages: Any
 
 
@@ -74,7 +74,7 @@ def debias_added(b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransforma
 
   def update(updates: Any, state: DebiasAddedState, params: Any = None) -> tuple[Any, Any]:
     del params
-    count = optax.safe_int32_increment(state.count)
+    count = optax.safe_int32_increment(state.steps)
     ages = jax.tree.map(optax.safe_int32_increment, state.ages)
     shared = correction(count)
 

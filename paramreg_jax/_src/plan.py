@@ -200,6 +200,11 @@ def _recipes(recipes: Any) -> tuple[dict[str, ops.Recipe], list[sets.FusedSplit]
     return {}, [], {}
   if isinstance(recipes, sets.RecipeSet):
     return {_strip(k): v for k, v in recipes.items()}, list(recipes.splits), dict(recipes.aliases)
+  if isinstance(recipes, (str, bytes)) or not isinstance(recipes, (Mapping, Iterable)):
+    raise TypeError(
+      f"recipes must be a mapping {{target name: recipe}}, a RecipeSet, or a list of those, "
+      f"got {type(recipes).__name__} {recipes!r:.60}"
+    )
   parts = [recipes] if isinstance(recipes, Mapping) else list(recipes)
   out: dict[str, ops.Recipe] = {}
   splits = []
@@ -208,6 +213,11 @@ def _recipes(recipes: Any) -> tuple[dict[str, ops.Recipe], list[sets.FusedSplit]
     if isinstance(part, sets.FusedSplit):
       splits.append(part)
     for name, recipe in items:
+      if not isinstance(name, str) or not name.strip():
+        raise errors.RecipeSetError(
+          f"recipe target names must be non-empty strings (a parameter's name, e.g. "
+          f"'encoder/kernel'), got {name!r}"
+        )
       name = _strip(name)
       if name in out:
         raise errors.RestorePlanError(
@@ -269,6 +279,13 @@ def plan_restore(
     raise ValueError(f"dtype_policy must be 'exact' or 'cast', got {dtype_policy!r}")
   _, _, slots = target_lib.slots(target)
   recipe_map, splits, set_aliases = _recipes(recipes)
+  if aliases is not None and not isinstance(aliases, Mapping):
+    raise errors.AliasError(f"aliases must be a mapping alias -> owner name, got {aliases!r:.60}")
+  for a, o in (aliases or {}).items():
+    if not (isinstance(a, str) and isinstance(o, str)):
+      raise errors.AliasError(
+        f"aliases map a parameter name to its owner's name (strings), got {a!r}: {o!r}"
+      )
   alias_map = {_strip(a): _strip(o) for a, o in {**set_aliases, **(aliases or {})}.items()}
   p = _Planning(source, slots, _matcher(exclude), recipe_map, alias_map, dtype_policy)
   renamed, dropped = _resolve_names(p, rename)
@@ -403,7 +420,7 @@ def _slot_is_placeable(p: _Planning, slot: target_lib.Slot) -> bool:
 
 
 def _plan_direct(p: _Planning, slot: target_lib.Slot, key: str) -> PlanEntry | None:
-  meta = p.source.metadata(key)
+  meta = source_lib.metadata_of(p.source, key)
   if meta.shape != slot.shape:
     hint = (
       "add a transpose recipe or fix the target"

@@ -34,6 +34,20 @@ def check_source(source: Any, where: str) -> None:
     )
 
 
+def metadata_of(source: Any, key: str) -> TensorMetadata:
+  """``source.metadata(key)``, checked: a duck-typed source must return a shape and a dtype."""
+  meta = source.metadata(key)
+  if isinstance(meta, TensorMetadata):
+    return meta
+  shape, dtype = getattr(meta, "shape", None), getattr(meta, "dtype", None)
+  if shape is None or dtype is None:
+    raise TypeError(
+      f"{type(source).__name__}.metadata({key!r}) returned {type(meta).__name__} {meta!r:.40}; "
+      "a checkpoint source's metadata(key) must return a TensorMetadata(shape, dtype)"
+    )
+  return TensorMetadata(tuple(shape), np.dtype(dtype))
+
+
 def has_key(source: Any, key: str) -> bool:
   """Whether ``source`` holds ``key``: O(1) for our sources, any protocol object otherwise."""
   if isinstance(source, BaseSource):

@@ -179,7 +179,7 @@ def _read_checkpoint(
   evidence.gemma2_norms(folded)
   ck = evidence.Checkpoint(
     folded,
-    {k: tuple(source.metadata(k).shape) for k in keys},
+    {k: source_lib.metadata_of(source, k).shape for k in keys},
     evidence.facts_from_config(config),
   )
   ck.convention, ck.conflict = evidence.linear_convention(slots, ck)

@@ -430,7 +430,7 @@ def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.Tens
         f"{node}: the checkpoint has no tensor {node.key!r}"
         + errors.did_you_mean(node.key, src.keys())
       )
-    stored = src.metadata(node.key)
+    stored = source_lib.metadata_of(src, node.key)
     check_dtype(stored.dtype, str(node))
     return source_lib.TensorMetadata(
       node.selection.apply_shape(stored.shape, where=str(node)), stored.dtype

@@ -47,7 +47,7 @@ class FusedSplit(Mapping[str, ops.Recipe]):
 
   def check(self, src: Any) -> None:
     """Raises ``FusedSplitWidthMismatch``-style ``RecipeSetError`` if widths do not cover the axis."""
-    meta = src.metadata(self.key) if source_lib.has_key(src, self.key) else None
+    meta = source_lib.metadata_of(src, self.key) if source_lib.has_key(src, self.key) else None
     if meta is None:
       raise errors.UnknownSourceKeyError(
         f"fused_split({self.key!r}): the checkpoint has no tensor {self.key!r}"

@@ -1,0 +1,58 @@
+"""Bad arguments get a TypeError or a library error saying what was expected, never an
+AttributeError or an unpacking error from deep inside."""
+
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax import recipes as R
+from paramreg_jax.sources import MemorySource
+
+SRC = MemorySource({"w": np.ones(3, np.float32)})
+TARGET = {"w": jnp.zeros(3)}
+
+
+class NoMetadata:
+  """A duck-typed source whose metadata returns None."""
+
+  def keys(self):
+    return ("w",)
+
+  def metadata(self, key):
+    return None
+
+
+def test_bind_with_a_value_that_is_not_an_array():
+  with pytest.raises(
+    prj.BindError, match=re.escape("n:w: a str ('x'), the target expects a jax.Array")
+  ):
+    prj.bind(TARGET, {"n:w": "x"})
+
+
+def test_recipes_and_aliases_of_the_wrong_types():
+  with pytest.raises(
+    prj.RecipeError, match=r"recipe target names must be non-empty strings .* got 5"
+  ):
+    prj.restore(TARGET, SRC, recipes={5: R.source("w")})
+  with pytest.raises(TypeError, match=r"recipes must be a mapping .* got str 'w'"):
+    prj.restore(TARGET, SRC, recipes="w")
+  with pytest.raises(
+    prj.RecipeError, match=r"aliases map a parameter name to its owner's name \(strings\), got 1: 2"
+  ):
+    prj.restore(TARGET, SRC, aliases={1: 2})
+  with pytest.raises(prj.RecipeError, match="aliases must be a mapping"):
+    prj.plan_restore(TARGET, SRC, aliases=["w"])
+
+
+@pytest.mark.parametrize("call", [prj.plan_restore, prj.restore, prj.match])
+def test_a_duck_typed_source_whose_metadata_returns_none(call):
+  with pytest.raises(
+    TypeError,
+    match=re.escape(
+      "NoMetadata.metadata('w') returned NoneType None; a checkpoint source's metadata(key) must return a TensorMetadata"
+    ),
+  ):
+    call(TARGET, NoMetadata())
