@@ -80,6 +80,10 @@ TARGETS = textwrap.dedent(
 
   def odd():
     return {"ln": {"scale": jax.ShapeDtypeStruct((3,), np.float32)}}
+
+  def exits():
+    import sys
+    sys.exit(3)
   """
 )
 
@@ -164,7 +168,7 @@ def test_match_prints_the_table_and_the_code(tmp_path):
   r = run_cli(
     "match", str(tmp_path / "sq.safetensors"), "--target", "cli_targets:square", cwd=tmp_path
   )
-  assert r.returncode == 1 and "fc/kernel: ambiguous" in r.stdout
+  assert r.returncode == 1 and "fc/kernel: ambiguous" in r.stderr and r.stdout == ""
   r = run_cli(
     "match", str(tmp_path / "m.safetensors"), "--target", "cli_targets:good", cwd=tmp_path
   )
@@ -178,7 +182,7 @@ def test_match_takes_hints_and_a_config(tmp_path):
   save_file({"enc.odd_name.weight": np.ones(3, np.float32)}, str(tmp_path / "odd.safetensors"))
   odd = str(tmp_path / "odd.safetensors")
   r = run_cli("match", odd, "--target", "cli_targets:odd", cwd=tmp_path)
-  assert r.returncode == 1 and "ln/scale (3,): unmatched" in r.stdout
+  assert r.returncode == 1 and "ln/scale (3,): unmatched" in r.stderr
   r = run_cli(
     "match", odd, "--target", "cli_targets:odd", "--hint", "ln/scale=odd_name", cwd=tmp_path
   )
@@ -187,7 +191,7 @@ def test_match_takes_hints_and_a_config(tmp_path):
   r = run_cli(
     "match", odd, "--target", "cli_targets:odd", "--hint", "ln/scale=od_name", cwd=tmp_path
   )
-  assert r.returncode == 1 and "did you mean 'odd_name'" in r.stdout
+  assert r.returncode == 1 and "did you mean 'odd_name'" in r.stderr
   r = run_cli("match", odd, "--target", "cli_targets:odd", "--hint", "ln/scale", cwd=tmp_path)
   assert r.returncode == 1 and "expected TARGET_NAME=CHECKPOINT_NAME" in r.stderr
   # a square kernel's orientation: the config says torch.nn.Linear
@@ -277,3 +281,39 @@ def test_a_target_that_is_not_a_tree_of_arrays_is_refused(tmp_path, function, fo
   )
   assert r.returncode == 1 and r.stdout == ""
   assert "must return a tree of arrays or jax.ShapeDtypeStructs" in r.stderr and found in r.stderr
+
+
+def test_usage_errors_with_json_are_json_and_version(tmp_path):
+  make_files(tmp_path)
+  r = run_cli("inspect", str(tmp_path / "m.safetensors"), "--step", "abc", "--json")
+  assert r.returncode == 2
+  data = json.loads(r.stdout)
+  assert data["ok"] is False and data["type"] == "UsageError" and "--step" in data["error"]
+  assert "paramreg-jax: error: UsageError:" in r.stderr
+  r = run_cli("plan", str(tmp_path / "m.safetensors"), "--json")
+  assert r.returncode == 2 and "--target" in json.loads(r.stdout)["error"]
+  r = run_cli("--version")
+  assert r.returncode == 0 and r.stdout.startswith("paramreg-jax ")
+
+
+def test_a_target_that_exits_and_problems_on_stderr(tmp_path):
+  make_files(tmp_path)
+  r = run_cli(
+    "plan", str(tmp_path / "m.safetensors"), "--target", "cli_targets:exits", cwd=tmp_path
+  )
+  assert r.returncode == 1 and r.stdout == ""
+  assert "--target cli_targets:exits called sys.exit(3) instead of returning the target tree" in (
+    r.stderr
+  )
+  r = run_cli("plan", str(tmp_path / "m.safetensors"), "--target", "cli_targets:bad", cwd=tmp_path)
+  assert r.returncode == 1 and r.stdout == ""
+  assert "RestorePlanError: the plan cannot bind (3 problem(s)):" in r.stderr
+  assert "n:w: missing from the checkpoint" in r.stderr
+
+
+def test_inspect_prints_a_name_that_is_not_valid_utf8(tmp_path):
+  header = json.dumps({"w\udc80x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+  (tmp_path / "odd.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+  r = run_cli("inspect", str(tmp_path / "odd.safetensors"))
+  assert r.returncode == 0, r.stderr
+  assert "w\\udc80x" in r.stdout and "(1,)" in r.stdout

@@ -103,7 +103,12 @@ def _load_target(spec: str) -> tuple[Any, dict[str, Any]]:
   func = getattr(module, func_name, None)
   if not callable(func):
     raise ValueError(f"--target {spec}: {module_name} has no function {func_name!r}")
-  result = func()
+  try:
+    result = func()
+  except SystemExit as e:  # a script's main guard, argparse in the user's module, ...
+    raise ValueError(
+      f"--target {spec} called sys.exit({e.code!r}) instead of returning the target tree"
+    ) from None
   extra: dict[str, Any] = {}
   if isinstance(result, Mapping) and "target" in result:
     extra = {k: v for k, v in result.items() if k != "target"}
@@ -209,13 +214,29 @@ def cmd_match(args: argparse.Namespace) -> int:
   return 0
 
 
+class _Parser(argparse.ArgumentParser):
+  """Usage errors as the other errors: one line on stderr, and JSON on stdout with --json."""
+
+  json_output = False
+
+  def error(self, message: str) -> Any:
+    if _Parser.json_output:
+      print(json.dumps({"ok": False, "error": message, "type": "UsageError"}, indent=1))
+    self.print_usage(sys.stderr)
+    print(f"paramreg-jax: error: UsageError: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  from paramreg_jax import __version__
+
+  parser = _Parser(
     prog="paramreg-jax",
     description="Stable parameter identities for JAX: keyed optax state, checkpoint restore.",
   )
+  parser.add_argument("--version", action="version", version=f"paramreg-jax {__version__}")
   parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-  sub = parser.add_subparsers(dest="command", required=True)
+  sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
   demo = sub.add_parser("demo", help="run the end-to-end demo on 8 virtual CPU devices")
   demo.add_argument(
     "--workdir", default=None, help="where to write checkpoints (default: a temp dir)"
@@ -263,6 +284,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of ``paramreg-jax`` / ``python -m paramreg_jax``; returns the exit status."""
+  for stream in (sys.stdout, sys.stderr):  # names that are not valid UTF-8 print escaped
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+      reconfigure(errors="backslashreplace")
+  _Parser.json_output = "--json" in (sys.argv[1:] if argv is None else list(argv))
   args = _parser().parse_args(argv)
   _ensure_virtual_devices()
   try:
@@ -287,14 +313,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _problems(args: argparse.Namespace, headline: str, error: Any) -> int:
-  """Every problem of ``error`` (its ``.problems``), listed or as JSON; exit status 1."""
+  """Every problem of ``error`` (its ``.problems``): listed on stderr, or as JSON on stdout
+  (with the one-line error on stderr); exit status 1."""
   message = f"{headline} ({len(error.problems)} problem(s))"
   if args.json:
     _fail(args, message, type(error).__name__, problems=list(error.problems))
   else:
-    print(f"{message}:")
+    print(f"paramreg-jax: error: {type(error).__name__}: {message}:", file=sys.stderr)
     for p in error.problems:
-      print(f"  - {p}")
+      print(f"  - {p}", file=sys.stderr)
   return 1
 
 
