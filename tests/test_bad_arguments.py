@@ -56,3 +56,30 @@ def test_a_duck_typed_source_whose_metadata_returns_none(call):
     ),
   ):
     call(TARGET, NoMetadata())
+
+
+def test_linen_variables_instead_of_params_get_one_note_with_the_prefix():
+  ck = {f"layer_{i}/dense/kernel": np.ones((2, 2), np.float32) for i in range(30)}
+  variables = {
+    "params": {f"layer_{i}": {"dense": {"kernel": jnp.zeros((2, 2))}} for i in range(30)}
+  }
+  with pytest.raises(prj.RestorePlanError) as info:
+    prj.plan_restore(variables, MemorySource(ck))
+  first = info.value.problems[0]
+  assert first.startswith(
+    "30 parameter name(s) differ from the checkpoint's keys by the prefix 'params/'"
+  )
+  assert "pass the subtree under 'params' as the target" in first and len(first) < 400
+  assert (
+    "(the checkpoint has 'layer_0/dense/kernel': see the prefix note)" in info.value.problems[1]
+  )
+  prj.plan_restore(variables["params"], MemorySource(ck))  # the fix it names works
+
+
+def test_a_rename_typo_points_to_the_argument_that_exists():
+  with pytest.raises(prj.RestorePlanError) as info:
+    prj.plan_restore(TARGET, SRC, rename={"v": "w"})
+  text = str(info.value)
+  assert (
+    "recipes.rename(rules, require_all=False)" in text and "pass require_all=False)" not in text
+  )

@@ -368,6 +368,7 @@ def _plan_entries(p: _Planning, renamed: dict[str, str]) -> list[str]:
   """Phase 3: a direct or recipe entry for every slot that is not excluded or an alias;
   returns the excluded slots' keys."""
   excluded_keys = []
+  missing: list[target_lib.Slot] = []
   for slot in p.slots:
     if p.excluded(slot.name):
       excluded_keys.append(slot.key)
@@ -384,18 +385,69 @@ def _plan_entries(p: _Planning, renamed: dict[str, str]) -> list[str]:
     if recipe is None and slot.name in renamed:
       entry = _plan_direct(p, slot, renamed[slot.name])
     elif recipe is None:
-      near = [k for k in p.source_keys if k.split("/")[-1] == slot.name.split("/")[-1]][:3]
-      hint = f" (checkpoint keys with the same leaf name: {', '.join(near)})" if near else ""
-      p.problems.append(
-        f"{slot.key}: missing from the checkpoint{hint}; add a recipe, a rename rule, or exclude it"
-      )
+      missing.append(slot)
       entry = None
     else:
       entry = _plan_recipe(p, slot, recipe)
     p.used.update(reads)
     if entry is not None:
       p.entries.append(entry)
+  _report_missing(p, missing)
   return excluded_keys
+
+
+def _report_missing(p: _Planning, missing: list[target_lib.Slot]) -> None:
+  """One problem per missing parameter, led by one note when the names differ from the
+  checkpoint's keys by a prefix (linen ``variables`` passed instead of ``params``)."""
+  if not missing:
+    return
+  keys = set(p.source_keys)
+  prefix = _common_extra_prefix([s.name for s in missing], keys)
+  if prefix is not None:
+    extra, where = prefix
+    example = missing[0].name
+    stripped = example[len(extra) :] if where == "target" else extra + example
+    fix = (
+      f"pass the subtree under {extra.rstrip('/')!r} as the target (linen variables hold "
+      "their parameters under 'params')"
+      if where == "target"
+      else f"rename the checkpoint's keys without their {extra!r} prefix"
+    )
+    p.problems.append(
+      f"{len(missing)} parameter name(s) differ from the checkpoint's keys by the prefix "
+      f"{extra!r}, which the {'target' if where == 'target' else 'checkpoint'} has and the "
+      f"{'checkpoint' if where == 'target' else 'target'} does not (e.g. n:{example} <-> "
+      f"{stripped!r}): {fix}"
+    )
+  for slot in missing:
+    if prefix is not None:
+      extra, where = prefix
+      near = [slot.name[len(extra) :] if where == "target" else extra + slot.name]
+      hint = f" (the checkpoint has {near[0]!r}: see the prefix note)"
+    else:
+      leaf = slot.name.split("/")[-1]
+      near = [k for k in p.source_keys if k.split("/")[-1] == leaf][:3]
+      hint = f" (checkpoint keys with the same leaf name: {', '.join(near)})" if near else ""
+    p.problems.append(
+      f"{slot.key}: missing from the checkpoint{hint}; add a recipe, a rename rule, or exclude it"
+    )
+
+
+def _common_extra_prefix(names: list[str], keys: set[str]) -> tuple[str, str] | None:
+  """``(prefix, "target")`` when every missing name is a checkpoint key with ``prefix`` in
+  front, ``(prefix, "checkpoint")`` when every one is a key without its prefix; else None."""
+  first = names[0]
+  for i in range(len(first)):
+    if first[i] == "/" and first[i + 1 :] in keys:
+      extra = first[: i + 1]
+      if all(n.startswith(extra) and n[len(extra) :] in keys for n in names):
+        return extra, "target"
+  for key in keys:
+    if key.endswith("/" + first):
+      extra = key[: -len(first)]
+      if all(extra + n in keys for n in names):
+        return extra, "checkpoint"
+  return None
 
 
 def _slot_is_placeable(p: _Planning, slot: target_lib.Slot) -> bool:

@@ -157,7 +157,10 @@ class Rename:
           break
       else:
         if self.require_all:
-          problems.append(f"{key!r}: no rule covers it (add a rule, or pass require_all=False)")
+          problems.append(
+            f"{key!r}: no rule covers it (add a rule, or build the rules with "
+            "recipes.rename(rules, require_all=False) to keep uncovered keys as they are)"
+          )
         target = key
       if target is None:
         continue
