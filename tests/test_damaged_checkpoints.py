@@ -360,3 +360,45 @@ def test_an_index_naming_an_unusable_shard_file_is_refused(tmp_path, name):
   (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": name}}))
   with pytest.raises(MalformedIndexError, match="not a usable file name"):
     SafetensorsSource(tmp_path)
+
+
+@pytest.mark.parametrize(
+  "damage, what",
+  [
+    (lambda d: (d / "manifest.ocdbt").unlink(), "its manifest.ocdbt is missing"),
+    (lambda d: (d / "manifest.ocdbt").write_bytes(b"garbage"), "OCDBT manifest or data files"),
+    (lambda d: [p.unlink() for p in d.rglob("d/*")], "OCDBT manifest or data files"),
+  ],
+  ids=["no manifest", "corrupt manifest", "no data files"],
+)
+def test_a_damaged_orbax_file_is_an_error_never_an_empty_checkpoint(orbax_dir, damage, what):
+  damage(orbax_dir)
+  with pytest.raises(StoreError) as info:
+    OrbaxSource(orbax_dir)
+  message = str(info.value)
+  assert "_METADATA lists 1 saved arrays, but orbax can read the metadata of 0" in message
+  assert what in message and "nothing was read" in message
+  r = subprocess.run(
+    [sys.executable, "-m", "paramreg_jax", "inspect", str(orbax_dir), "--json"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 1 and json.loads(r.stdout)["type"] == "StoreError"
+
+
+def test_steps_as_strings_and_temporary_item_directories(tmp_path):
+  manager = ocp.CheckpointManager(tmp_path / "run")
+  for step in (1, 2):
+    manager.save(step, args=ocp.args.StandardSave({"w": np.full(2, step, np.float32)}))
+  manager.wait_until_finished()
+  assert OrbaxSource(tmp_path / "run", step="2").lease("w").read().tolist() == [2.0, 2.0]
+  with pytest.raises(TypeError, match="step must be a non-negative int"):
+    OrbaxSource(tmp_path / "run", step=1.5)
+  # an item whose save did not finish is never read, beside a committed one or alone
+  step = tmp_path / "run" / "2"
+  shutil.copytree(step / "default", step / "other.orbax-checkpoint-tmp-5")
+  assert OrbaxSource(tmp_path / "run").path == step / "default"
+  (step / "default").rename(step / "default.orbax-checkpoint-tmp-6")
+  with pytest.raises(StoreError, match="is not committed"):
+    OrbaxSource(tmp_path / "run", step=2)

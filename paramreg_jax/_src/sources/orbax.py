@@ -47,7 +47,7 @@ def _refuse_uncommitted(path: pathlib.Path, what: str) -> None:
 
 
 def resolve_checkpoint_dir(
-  path: pathlib.Path, *, step: int | None, item: str | None
+  path: pathlib.Path, *, step: int | str | None, item: str | None
 ) -> pathlib.Path:
   """The item directory of a StandardCheckpointer / PyTreeCheckpointer / CheckpointManager path.
 
@@ -58,6 +58,10 @@ def resolve_checkpoint_dir(
   path = path.absolute()
   if not path.is_dir():
     raise errors.StoreError(f"{path}: no such orbax checkpoint directory")
+  if isinstance(step, str) and step.strip().isdigit():
+    step = int(step)  # "2" from a config file or a command line
+  if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+    raise TypeError(f"step must be a non-negative int (a CheckpointManager step), got {step!r}")
   for candidate in (path, path.parent):  # an uncommitted save, or an item inside one
     if ocp_path.step.TMP_DIR_SUFFIX in candidate.name:
       _refuse_uncommitted(path, repr(candidate.name))
@@ -82,13 +86,22 @@ def resolve_checkpoint_dir(
     raise errors.StoreError(f"{path}: step={step} given, but this is not a CheckpointManager root")
   if _is_item_dir(path) and item is None:
     return path
-  items = sorted(p.name for p in path.iterdir() if p.is_dir() and _is_item_dir(p))
+  items = sorted(
+    p.name
+    for p in path.iterdir()
+    if p.is_dir() and _is_item_dir(p) and ocp_path.step.TMP_DIR_SUFFIX not in p.name
+  )
   if item is not None:
     if item not in items:
       raise errors.StoreError(f"{path}: no item {item!r}; items: {items}")
     return path / item
   if len(items) == 1:
     return path / items[0]
+  unfinished = sorted(
+    p.name for p in path.iterdir() if p.is_dir() and ocp_path.step.TMP_DIR_SUFFIX in p.name
+  )
+  if not items and unfinished:
+    _refuse_uncommitted(path, f"the item {unfinished[0]!r}")
   raise errors.StoreError(
     f"{path}: holds items {items}; pass item=... to choose one"
     if items
@@ -96,7 +109,7 @@ def resolve_checkpoint_dir(
   )
 
 
-def _check_metadata_file(path: pathlib.Path) -> None:
+def _check_metadata_file(path: pathlib.Path) -> dict[str, Any]:
   """``_METADATA`` must exist and be a JSON object; orbax reads a missing or damaged one as an
   empty tree, which would make a damaged checkpoint look like one with no tensors."""
   meta = path / _METADATA_FILE
@@ -113,6 +126,36 @@ def _check_metadata_file(path: pathlib.Path) -> None:
     ) from None
   if not isinstance(data, dict):
     raise errors.StoreError(f"{meta}: expected a JSON object, got {type(data).__name__}")
+  return data
+
+
+def _saved_leaves(data: dict[str, Any]) -> dict[str, str]:
+  """``{tree path: value type}`` of the leaves ``_METADATA`` says were saved."""
+  tree = data.get("tree_metadata")
+  if not isinstance(tree, dict):
+    return {}
+  out = {}
+  for path, entry in tree.items():
+    value = entry.get("value_metadata") if isinstance(entry, dict) else None
+    if isinstance(value, dict) and not value.get("skip_deserialize"):
+      out[path] = str(value.get("value_type"))
+  return out
+
+
+def _damaged(path: pathlib.Path, expected: int, found: int) -> errors.StoreError:
+  """The error for array metadata orbax could not read although ``_METADATA`` lists arrays."""
+  ocdbt = [p for p in path.glob("ocdbt.process_*") if p.is_dir()]
+  if ocdbt and not (path / "manifest.ocdbt").exists():
+    what = "its manifest.ocdbt is missing"
+  elif ocdbt or (path / "manifest.ocdbt").exists():
+    what = "its OCDBT manifest or data files (manifest.ocdbt, d/, ocdbt.process_*/) are damaged"
+  else:
+    what = "its array metadata files (.zarray / zarr.json) are damaged or missing"
+  return errors.StoreError(
+    f"{path}: _METADATA lists {expected} saved arrays, but orbax can read the metadata of "
+    f"{found}: {what}. The checkpoint is damaged; nothing was read (restore an earlier step, "
+    "or a copy)"
+  )
 
 
 class _DropMissingCheckpointMetadata(logging.Filter):
@@ -145,13 +188,13 @@ class OrbaxSource(source_lib.BaseSource):
   """
 
   def __init__(
-    self, path: str | os.PathLike[str], *, step: int | None = None, item: str | None = None
+    self, path: str | os.PathLike[str], *, step: int | str | None = None, item: str | None = None
   ):
     super().__init__()
     import orbax.checkpoint as ocp  # lazily: orbax is heavy and does work at import
 
     self.path = resolve_checkpoint_dir(pathlib.Path(path), step=step, item=item)
-    _check_metadata_file(self.path)
+    saved = _saved_leaves(_check_metadata_file(self.path))
     quiet = _DropMissingCheckpointMetadata()
     logging.getLogger("absl").addFilter(quiet)
     try:
@@ -167,6 +210,9 @@ class OrbaxSource(source_lib.BaseSource):
       tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
     )
     flat = [(p, x) for p, x in flat if hasattr(x, "shape") and hasattr(x, "dtype")]
+    arrays = sum(t in ("jax.Array", "np.ndarray", "scalar") for t in saved.values())
+    if arrays and len(flat) < arrays:
+      raise _damaged(self.path, arrays, len(flat))
     # an nnx.State was saved as {'value': x} dicts: name its arrays as the live State's
     names = tuple(keys_lib.paths_to_names(keys_lib.fold_saved_variables([p for p, _ in flat])))
     if len(set(names)) != len(names):
