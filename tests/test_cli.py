@@ -311,9 +311,10 @@ def test_a_target_that_exits_and_problems_on_stderr(tmp_path):
   assert "n:w: missing from the checkpoint" in r.stderr
 
 
-def test_inspect_prints_a_name_that_is_not_valid_utf8(tmp_path):
+def test_a_name_that_is_not_valid_utf8_is_refused_in_one_printable_line(tmp_path):
   header = json.dumps({"w\udc80x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
   (tmp_path / "odd.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
   r = run_cli("inspect", str(tmp_path / "odd.safetensors"))
-  assert r.returncode == 0, r.stderr
-  assert "w\\udc80x" in r.stdout and "(1,)" in r.stdout
+  assert r.returncode == 1 and r.stdout == "" and "UnicodeEncodeError" not in r.stderr
+  assert "MalformedSafetensorsError" in r.stderr and "is not valid UTF-8" in r.stderr
+  assert len(r.stderr.strip().splitlines()) == 1

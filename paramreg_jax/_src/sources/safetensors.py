@@ -49,7 +49,7 @@ DTYPES: dict[str, np.dtype] = {
 if hasattr(ml_dtypes, "float8_e8m0fnu"):
   DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
 
-_MAX_HEADER = 100 * 1024 * 1024
+_MAX_HEADER = 100_000_000  # the safetensors package's own limit
 INDEX_NAME = "model.safetensors.index.json"
 # A strided region (columns of a matrix) is read as whole rows through a scratch buffer of at
 # most this many bytes at a time; contiguous regions go straight into the output buffer.
@@ -67,6 +67,33 @@ def _no_duplicate_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
       raise _DuplicateName(f"tensor {key!r} appears twice in the header")
     seen[key] = value
   return seen
+
+
+def _no_constant(token: str) -> Any:
+  raise ValueError(f"{token} is not JSON")
+
+
+def _non_negative_int(text: str) -> int:
+  if text == "-0":  # int("-0") is 0; sizes and offsets are unsigned (safetensors refuses it)
+    raise ValueError("-0 in the header, where sizes and offsets are unsigned")
+  return int(text)
+
+
+def _text_problem(header: dict[str, Any]) -> str | None:
+  """What the safetensors format forbids beyond JSON: names that are not valid UTF-8 (lone
+  surrogates), and ``__metadata__`` that is not a ``{str: str}`` object."""
+  meta = header.get("__metadata__")
+  if meta is not None and not (
+    isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+  ):
+    return f"__metadata__ must be an object of strings, got {json.dumps(meta)[:60]}"
+  texts = [*header, *(meta or {}), *(meta or {}).values()]
+  for text in texts:
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError:
+      return f"the name {text!r} is not valid UTF-8 (a lone surrogate)"
+  return None
 
 
 def _pread_exact(fd: int, array: np.ndarray, offset: int, what: str, path: pathlib.Path) -> None:
@@ -131,7 +158,12 @@ class _File:
     except OSError as e:
       raise errors.SourceIOError(f"{self.path}: cannot read the header: {e}") from e
     try:
-      header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_names)
+      header = json.loads(
+        raw.decode("utf-8"),
+        object_pairs_hook=_no_duplicate_names,
+        parse_constant=_no_constant,
+        parse_int=_non_negative_int,
+      )
     except _DuplicateName as e:
       raise self._bad(str(e)) from None
     except (UnicodeDecodeError, ValueError) as e:
@@ -140,6 +172,9 @@ class _File:
       raise self._bad("the header is not valid JSON (nested too deeply to parse)") from None
     if not isinstance(header, dict):
       raise self._bad("the header is not a JSON object")
+    problem = _text_problem(header)
+    if problem:
+      raise self._bad(problem)
     data_start = 8 + n
     data_len = size - data_start
     spans: list[tuple[int, int, str]] = []
