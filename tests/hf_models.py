@@ -55,74 +55,33 @@ class Arch:
   mlp_bias: bool = False
 
 
+_BIASES = dict(qkv_bias=True, o_bias=True, mlp_bias=True)  # every linear layer has a bias
+_LLAMA = dict(norm="rms", norm_bias=False, mlp="gated", act="silu")
+_ENCODER = dict(
+  block="post", positions="learned", embed_norm=True, final_norm=False, causal=False, head=False
+)
+
 ARCHS: dict[str, Arch] = {
-  "gpt2": Arch(
-    block="pre",
-    act="gelu_tanh",
-    positions="learned",
-    qkv_bias=True,
-    o_bias=True,
-    mlp_bias=True,
-  ),
-  "gpt_neox": Arch(
-    block="parallel2", rotary_fraction=0.5, qkv_bias=True, o_bias=True, mlp_bias=True
-  ),
+  "gpt2": Arch(act="gelu_tanh", positions="learned", **_BIASES),
+  "gpt_neox": Arch(block="parallel2", rotary_fraction=0.5, **_BIASES),
   "codegen": Arch(
     block="parallel1", act="gelu_tanh", rotary="pairs", mlp_bias=True, head_bias=True
   ),
   "falcon_grouped": Arch(block="parallel2"),
   "falcon_mqa": Arch(block="parallel1"),
-  "falcon_mha": Arch(qkv_bias=True, o_bias=True, mlp_bias=True),
-  "opt": Arch(
-    act="relu",
-    positions="learned",
-    pos_offset=2,
-    pos_extra=2,
-    qkv_bias=True,
-    o_bias=True,
-    mlp_bias=True,
-  ),
-  "llama": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu"),
-  "mistral": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu"),
-  "mixtral": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu", experts=True),
-  "qwen2": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu", qkv_bias=True),
-  "phi3": Arch(norm="rms", norm_bias=False, mlp="gated", act="silu"),
-  "gemma": Arch(norm="rms1p", norm_bias=False, mlp="gated", act="gelu_tanh", embed_scale=True),
-  "bert": Arch(
-    block="post",
-    positions="learned",
-    types=True,
-    embed_norm=True,
-    final_norm=False,
-    causal=False,
-    head=False,
-    qkv_bias=True,
-    o_bias=True,
-    mlp_bias=True,
-  ),
-  "distilbert": Arch(
-    eps=1e-12,
-    block="post",
-    positions="learned",
-    embed_norm=True,
-    final_norm=False,
-    causal=False,
-    head=False,
-    qkv_bias=True,
-    o_bias=True,
-    mlp_bias=True,
-  ),
+  "falcon_mha": Arch(**_BIASES),
+  "opt": Arch(act="relu", positions="learned", pos_offset=2, pos_extra=2, **_BIASES),
+  "llama": Arch(**_LLAMA),
+  "mistral": Arch(**_LLAMA),
+  "mixtral": Arch(**_LLAMA, experts=True),
+  "qwen2": Arch(**_LLAMA, qkv_bias=True),
+  "phi3": Arch(**_LLAMA),
+  "gemma": Arch(**{**_LLAMA, "norm": "rms1p", "act": "gelu_tanh"}, embed_scale=True),
+  "bert": Arch(**_ENCODER, types=True, **_BIASES),
+  "roberta": Arch(**_ENCODER, types=True, pos_offset=2, **_BIASES),
+  "distilbert": Arch(**_ENCODER, eps=1e-12, **_BIASES),
+  "vit": Arch(patches=True, positions="learned", causal=False, head=False, **_BIASES),
 }
-ARCHS["roberta"] = dataclasses.replace(ARCHS["bert"], pos_offset=2)
-ARCHS["vit"] = Arch(
-  patches=True,
-  positions="learned",
-  causal=False,
-  head=False,
-  qkv_bias=True,
-  o_bias=True,
-  mlp_bias=True,
-)
 
 
 @dataclasses.dataclass(frozen=True)
