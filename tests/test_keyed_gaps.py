@@ -80,6 +80,8 @@ def test_by_position_a_module_renamed_in_place_keeps_its_moments():
   new, report = prj.reconcile(tx, state, renamed)
   assert report.kept == ("p:0", "p:1") and not report.added and not report.dropped
   chex.assert_trees_all_equal(new[0].mu["c"], state[0].mu["b"])
+  _, grown = prj.reconcile(tx, state, {**renamed, "d": jnp.ones(1)})
+  assert grown.added == ("p:2",) and grown.kept == ("p:0", "p:1") and not grown.shifted
   _, report = prj.reconcile(prj.keyed(optax.adam(1e-2)), state, renamed)
   assert report.added == ("n:c",) and report.dropped == ("n:b",)
   with pytest.raises(prj.StateMismatchError, match=r"p:1: state 0/mu was built for \(3,\)"):

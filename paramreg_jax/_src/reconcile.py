@@ -312,6 +312,8 @@ def _shifted(
   def lists(keys: set[str]) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for key in keys:
+      if not key.startswith(keys_lib.NAMED_KEY_PREFIX):
+        continue  # positional keys follow the flatten order by design
       comps = key.split(":", 1)[1].split("/")
       for j, comp in enumerate(comps):
         if comp.isdigit():
