@@ -26,21 +26,19 @@ from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
 from paramreg_jax._src.keyed import keyed
-from paramreg_jax._src.keyed import param_state
-from paramreg_jax._src.keyed import state_keys
 from paramreg_jax._src.keys import INDEXED_KEY_PREFIX
 from paramreg_jax._src.keys import NAMED_KEY_PREFIX
 from paramreg_jax._src.keys import name_to_path
 from paramreg_jax._src.keys import path_to_name
 from paramreg_jax._src.match import Match
 from paramreg_jax._src.match import match
+from paramreg_jax._src.nnx_optimizer import reconcile_optimizer
 from paramreg_jax._src.patterns import label_by_pattern
 from paramreg_jax._src.patterns import mask_by_pattern
 from paramreg_jax._src.plan import PlanEntry
 from paramreg_jax._src.plan import RestorePlan
 from paramreg_jax._src.plan import plan_restore
 from paramreg_jax._src.reconcile import reconcile
-from paramreg_jax._src.reconcile import reconcile_optimizer
 from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
@@ -58,6 +56,8 @@ from paramreg_jax._src.source import TensorMetadata
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
+from paramreg_jax._src.state_access import param_state
+from paramreg_jax._src.state_access import state_keys
 from paramreg_jax._src.surgery import SurgeryReport
 
 __version__ = "0.1.0.dev0"

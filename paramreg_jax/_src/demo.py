@@ -26,6 +26,7 @@ from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import reconcile as reconcile_lib
 from paramreg_jax._src import registry
 from paramreg_jax._src import restore as restore_lib
+from paramreg_jax._src import state_access
 from paramreg_jax._src.plan import plan_restore
 from paramreg_jax._src.sources.orbax import OrbaxSource
 
@@ -138,7 +139,7 @@ def run(*, workdir: str | None = None) -> None:
     tx = keyed_lib.keyed(optax.adamw(2e-2))
     params, state, loss = train(graphdef, params, tx, tx.init(params), 80)
     print(f"   80 steps on mesh {dict(mesh8.shape)}, loss {loss:.4f}")
-    held = sorted(keyed_lib.state_keys(state, params))
+    held = sorted(state_access.state_keys(state, params))
     print(f"   adam moments held for: {', '.join(held[:3])}, ... ({len(held)} keys, from paths)")
     manager = ocp.CheckpointManager(f"{workdir}/ckpts", item_names=("params", "opt"))
     manager.save(
