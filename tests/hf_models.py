@@ -348,6 +348,19 @@ class Style:
   plain_mlp: tuple[str, str] = ("mlp/up", "mlp/down")  # a non-gated MLP's two layers
 
 
+# the MLP, mixture of experts and output of both flax-module styles
+_FLAX_MLP = {
+  "gate": "mlp/gate",
+  "up": "mlp/up",
+  "down": "mlp/down",
+  "router": "moe/router",
+  "e_gate": "moe/experts/gate",
+  "e_up": "moe/experts/up",
+  "e_down": "moe/experts/down",
+  "final_norm": "final_norm",
+  "head": "lm_head",
+}
+
 STYLES = {
   "flax": Style(  # linen modules with flax's own attention layout (nn.MultiHeadDotProductAttention)
     "flax",
@@ -367,15 +380,7 @@ STYLES = {
       "k": "attention/key",
       "v": "attention/value",
       "o": "attention/out",
-      "gate": "mlp/gate",
-      "up": "mlp/up",
-      "down": "mlp/down",
-      "router": "moe/router",
-      "e_gate": "moe/experts/gate",
-      "e_up": "moe/experts/up",
-      "e_down": "moe/experts/down",
-      "final_norm": "final_norm",
-      "head": "lm_head",
+      **_FLAX_MLP,
     },
     plain_mlp=("mlp/ffn_in", "mlp/ffn_out"),
   ),
@@ -397,15 +402,7 @@ STYLES = {
       "k": "attn/k",
       "v": "attn/v",
       "o": "attn/o",
-      "gate": "mlp/gate",
-      "up": "mlp/up",
-      "down": "mlp/down",
-      "router": "moe/router",
-      "e_gate": "moe/experts/gate",
-      "e_up": "moe/experts/up",
-      "e_down": "moe/experts/down",
-      "final_norm": "final_norm",
-      "head": "lm_head",
+      **_FLAX_MLP,
     },
     plain_mlp=("mlp/up", "mlp/down"),
   ),
