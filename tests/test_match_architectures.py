@@ -321,3 +321,20 @@ def test_shapes_and_the_orientation_settle_names_that_do_not():
   got = prj.restore(target, src, recipes=prj.match(target, src))
   np.testing.assert_array_equal(got["mlp"]["x"], ck["mlp.up_proj.weight"].T)
   np.testing.assert_array_equal(got["mlp"]["y"], ck["mlp.down_proj.weight"].T)
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "codegen", "falcon_grouped"])
+def test_a_split_in_an_interleaved_layout_pins_as_compact_code(name):
+  arch, sizes, _, ref = hf.case(name)
+  shapes = hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes)
+  style = hf.STYLES["nnx"]
+  target = hf.target(style, shapes, arch, sizes)
+  src = SafetensorsSource(hf.DATA / name / "model.safetensors")
+  code = prj.match(target, src).to_python("pinned")
+  assert "prj.Indices(0, [r + c for r in range(" in code and len(code) < 8000
+  namespace = {}
+  exec(code, namespace)
+  restored = prj.restore(target, src, recipes=namespace["pinned"])
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)

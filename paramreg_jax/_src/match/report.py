@@ -155,6 +155,30 @@ def _layer_loop(codes: list[str]) -> str | None:
   return None
 
 
+def indices_code(indices: tuple[int, ...]) -> str:
+  """Python for ``indices``: equal runs at a fixed stride (how every per-head, grouped or
+  blocked fused layout selects its rows) as one comprehension, else the list.
+
+  Examples:
+    >>> from paramreg_jax._src.match.report import indices_code
+    >>> indices_code((0, 1, 6, 7, 12, 13))
+    '[r + c for r in range(0, 18, 6) for c in range(2)]'
+  """
+  runs: list[tuple[int, int]] = []  # (start, length)
+  for i in indices:
+    if runs and i == runs[-1][0] + runs[-1][1]:
+      runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+    else:
+      runs.append((i, 1))
+  lengths = {n for _, n in runs}
+  strides = {b[0] - a[0] for a, b in zip(runs, runs[1:])}
+  if len(runs) > 1 and len(lengths) == 1 and len(strides) == 1 and min(strides) > 0:
+    (n,), (stride,) = lengths, strides
+    stop = runs[-1][0] + stride
+    return f"[r + c for r in range({runs[0][0]}, {stop}, {stride}) for c in range({n})]"
+  return str(list(indices))
+
+
 def code(r: ops.Recipe) -> str:
   """Python source that builds ``r`` with ``paramreg_jax.recipes as R``."""
   if isinstance(r, ops.Source):
@@ -162,7 +186,7 @@ def code(r: ops.Recipe) -> str:
     if isinstance(sel, ops.sel_lib.Range):
       return f"R.source({r.key!r}, prj.Range({sel.axis}, {sel.start}, {sel.stop}))"
     if isinstance(sel, ops.sel_lib.Indices):
-      return f"R.source({r.key!r}, prj.Indices({sel.axis}, {list(sel.indices)}))"
+      return f"R.source({r.key!r}, prj.Indices({sel.axis}, {indices_code(sel.indices)}))"
     return f"R.source({r.key!r})"
   if isinstance(r, ops.Transpose):
     return f"R.transpose({code(r.input)}, {r.axes})"
