@@ -117,6 +117,26 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     dict(**_ENCODER, image_size=8, patch_size=4, num_channels=3),
     "last_hidden_state",
   ),
+  "t5": (  # T5 v1.0: relu MLP, head tied to the shared embedding
+    "T5Config",
+    "T5ForConditionalGeneration",
+    dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj="relu"),
+    "logits",
+  ),
+  "t5_gated": (  # T5 v1.1: gated-gelu MLP (wi_0, wi_1), untied head
+    "T5Config",
+    "T5ForConditionalGeneration",
+    dict(
+      d_model=32,
+      d_kv=8,
+      d_ff=64,
+      num_layers=2,
+      num_heads=4,
+      feed_forward_proj="gated-gelu",
+      **_UNTIED,
+    ),
+    "logits",
+  ),
   "distilbert": (
     "DistilBertConfig",
     "DistilBertModel",
@@ -130,7 +150,7 @@ def make(name: str) -> None:
   config_cls, model_cls, kwargs, output = CASES[name]
   torch.manual_seed(0)
   sizes = {"vocab_size": V} if config_cls != "ViTConfig" else {}
-  if config_cls == "ViTConfig":
+  if config_cls in ("ViTConfig", "T5Config"):
     pass
   elif config_cls in ("GPT2Config", "CodeGenConfig"):
     sizes["n_positions"] = P
@@ -152,6 +172,11 @@ def make(name: str) -> None:
   for extra in out.iterdir():
     if extra.name not in ("model.safetensors", "config.json"):
       extra.unlink()
+  extra = {}
+  if config_cls == "T5Config":  # an encoder-decoder: the decoder reads its own tokens
+    extra["decoder_input_ids"] = (
+      np.random.default_rng(1).integers(3, V, size=(2, 5)).astype(np.int32)
+    )
   if config_cls == "ViTConfig":  # images: the "ids" are pixel values [batch, channels, h, w]
     ids = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
     with torch.no_grad():
@@ -159,9 +184,12 @@ def make(name: str) -> None:
   else:
     ids = np.random.default_rng(0).integers(3, V, size=(2, 7)).astype(np.int32)
     with torch.no_grad():
-      result = model(input_ids=torch.tensor(ids).long())
+      result = model(
+        input_ids=torch.tensor(ids).long(),
+        **{k: torch.tensor(v).long() for k, v in extra.items()},
+      )
   ref = getattr(result, output).float().numpy()
-  np.savez(out / "reference.npz", input_ids=ids, output=ref)
+  np.savez(out / "reference.npz", input_ids=ids, output=ref, **extra)
   meta = json.loads((out / "config.json").read_text())
   print(f"{name}: {meta['model_type']} {ref.shape} -> {out}")
 
