@@ -1,25 +1,25 @@
 """``match``: propose the recipes that restore a target from a foreign checkpoint.
 
 From names, shapes and dtypes only (no payload read), ``match`` pairs every target parameter
-with the checkpoint tensor(s) it comes from and derives the layout change:
+with the checkpoint tensor(s) it comes from and derives the layout change. The package follows
+the concept (data flows down the list):
 
-1. **Names** become *concepts*: separators and layer numbers are split off, and the field's
-   vocabularies are folded (``q_proj``/``query``/``wq`` -> ``q``, ``self_attn``/``attention``
-   -> ``attn``, ``weight``/``kernel``/``scale``/``embedding`` -> ``w``, ``input_layernorm`` ->
-   ``attn norm`` ...). Two names are compared by the overlap of their concepts.
-2. **Candidates** are the tensors at the same layer (or, for a stacked target of shape
-   ``(L, ...)``, the L per-layer tensors of one name template), of the same kind (weight or
-   bias), whose shapes a layout change can turn into the target's: the same shape, a
-   transpose (``[out, in]`` -> ``[in, out]``), heads split or merged (a reshape, after a
-   transpose if needed), one part of a fused ``qkv``/``gate_up`` tensor, or a stack of layers.
-3. **It never guesses**: a target gets a tensor only when that tensor is the single best
-   candidate; ties are *ambiguous* (candidates listed, ranked), no candidate is *unmatched*, and
-   a tensor claimed by two targets is ambiguous for both. A square kernel's orientation follows
-   the checkpoint's convention, read from its non-square kernels (PyTorch ``Linear`` is
-   ``[out, in]``, GPT-2's ``Conv1D`` is ``[in, out]``).
+1. ``vocabulary``: **names** become *concepts*: separators, layer and expert numbers and the
+   model's own prefix are split off, and the field's vocabularies are folded (``q_proj``/
+   ``query``/``wq`` -> ``q``, ``weight``/``kernel``/``scale``/``embedding`` -> ``w``,
+   ``input_layernorm`` -> ``attn norm`` ...). Two names are compared by their overlap.
+2. ``evidence``: what the checkpoint says about itself (``config.json``: model type, head
+   counts, tied embeddings, fused layouts) and the orientation of its linear weights.
+3. ``candidates``: the tensors a layout change can turn into each target: the same shape, a
+   transpose, heads split or merged, a conv kernel, one part of a fused tensor, the parts
+   joined, each stacked over layers (and experts).
+4. ``decide``: **it never guesses**. A target gets a tensor only when that tensor is its single
+   best candidate; a fused tensor is split only in a layout known for that checkpoint; a head
+   is tied only on evidence; conflicting orientation evidence refuses.
+5. ``report``: the :class:`Match` (a ``RecipeSet``): table, HTML, facts, ``to_python``.
 
-``hints`` (explicit recipes) settle what the names cannot; every proposal is validated by
-:func:`plan_restore` before it is returned.
+``hints`` (checkpoint names, or recipes) settle what the evidence cannot; every proposal is
+validated by :func:`plan_restore` before it is returned.
 """
 
 from __future__ import annotations
