@@ -137,6 +137,29 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     ),
     "logits",
   ),
+  "whisper": (  # an encoder-decoder over audio: Conv1d front-end, cross-attention, tied head
+    "WhisperConfig",
+    "WhisperForConditionalGeneration",
+    dict(
+      num_mel_bins=8,
+      encoder_layers=2,
+      decoder_layers=2,
+      encoder_attention_heads=4,
+      decoder_attention_heads=4,
+      d_model=32,
+      encoder_ffn_dim=64,
+      decoder_ffn_dim=64,
+      max_source_positions=16,
+      max_target_positions=16,
+      pad_token_id=0,
+      bos_token_id=1,
+      eos_token_id=2,
+      decoder_start_token_id=1,
+      suppress_tokens=None,
+      begin_suppress_tokens=None,
+    ),
+    "logits",
+  ),
   "distilbert": (
     "DistilBertConfig",
     "DistilBertModel",
@@ -150,7 +173,7 @@ def make(name: str) -> None:
   config_cls, model_cls, kwargs, output = CASES[name]
   torch.manual_seed(0)
   sizes = {"vocab_size": V} if config_cls != "ViTConfig" else {}
-  if config_cls in ("ViTConfig", "T5Config"):
+  if config_cls in ("ViTConfig", "T5Config", "WhisperConfig"):
     pass
   elif config_cls in ("GPT2Config", "CodeGenConfig"):
     sizes["n_positions"] = P
@@ -173,10 +196,21 @@ def make(name: str) -> None:
     if extra.name not in ("model.safetensors", "config.json"):
       extra.unlink()
   extra = {}
-  if config_cls == "T5Config":  # an encoder-decoder: the decoder reads its own tokens
+  if config_cls in ("T5Config", "WhisperConfig"):  # the decoder reads its own tokens
     extra["decoder_input_ids"] = (
       np.random.default_rng(1).integers(3, V, size=(2, 5)).astype(np.int32)
     )
+  if config_cls == "WhisperConfig":  # audio: log-mel features [batch, mel bins, frames]
+    feats = np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)
+    with torch.no_grad():
+      result = model(
+        input_features=torch.tensor(feats),
+        decoder_input_ids=torch.tensor(extra["decoder_input_ids"]).long(),
+      )
+    ref = getattr(result, output).float().numpy()
+    np.savez(out / "reference.npz", input_features=feats, output=ref, **extra)
+    print(f"{name}: whisper {ref.shape} -> {out}")
+    return
   if config_cls == "ViTConfig":  # images: the "ids" are pixel values [batch, channels, h, w]
     ids = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
     with torch.no_grad():

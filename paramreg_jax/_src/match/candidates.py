@@ -37,6 +37,8 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     out.append(("same", lambda r: r))
   if len(src) == 4 and dst == (src[2], src[3], src[1], src[0]) and src != dst:
     out.append(("conv", lambda r: ops.transpose(r, (2, 3, 1, 0))))  # OIHW -> HWIO
+  if len(src) == 3 and dst == (src[2], src[1], src[0]) and src != dst:
+    out.append(("conv1d", lambda r: ops.transpose(r, (2, 1, 0))))  # Conv1d OIK -> flax KIO
   if linear and len(src) == 2 and src[::-1] == dst:
     out.append(("t", lambda r: ops.transpose(r, (1, 0))))
   if len(src) == 2 and src != dst and src[::-1] != dst:
@@ -193,6 +195,7 @@ _REASONS = {
   "heads": "name + heads reshaped",
   "t+heads": "name + transpose + heads reshaped",
   "conv": "name + conv kernel OIHW -> HWIO",
+  "conv1d": "name + conv kernel OIK -> KIO",
 }
 
 
@@ -201,7 +204,7 @@ def _oriented(
 ) -> bool:
   """Whether a layout fits the checkpoint's orientation of linear weights."""
   if not (is_linear(sc, src) and is_linear(tc, (0, 0))):
-    return how in ("same", "heads", "conv")
+    return how in ("same", "heads", "conv", "conv1d")
   if convention == "conflict":
     return False  # the evidence disagrees: no linear weight is oriented by guess
   if convention is None:

@@ -1,0 +1,166 @@
+"""``match`` on a real Whisper checkpoint (audio encoder-decoder), checked by the forward pass.
+
+A tiny ``WhisperForConditionalGeneration`` that ``transformers`` saved
+(``tests/make_hf_fixtures.py``), restored through ``match`` with no hints into a flax-style
+target (a module per layer, ``nn.Conv`` kernels ``[width, in, out]``) and an NNX-style one
+(layers stacked, heads split); the logits are compared with PyTorch's. What ``match`` must read
+right: the ``Conv1d`` front-end (``[out, in, width]``, square in its second convolution), the
+decoder's ``encoder_attn`` and its norm, ``final_layer_norm`` inside a layer (the MLP's norm)
+against the stacks' own ``layer_norm``, and the head tied to the token embedding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import hf_models as hf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax.sources import SafetensorsSource
+
+NAME = "whisper"
+
+
+def layer_norm(x, p, eps=1e-5):
+  mu = x.mean(-1, keepdims=True)
+  return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * p["scale"] + p[
+    "bias"
+  ]
+
+
+def dense(p, x):
+  return x @ p["kernel"] + p["bias"] if "bias" in p else x @ p["kernel"]
+
+
+def attention(c, p, x, kv, causal):
+  h = c["encoder_attention_heads"]
+  split = lambda y: y.reshape(*y.shape[:2], h, -1)  # noqa: E731
+  q = split(dense(p["q"], x)) * (c["d_model"] // h) ** -0.5
+  k, v = split(dense(p["k"], kv)), split(dense(p["v"], kv))
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+  if causal:
+    t = x.shape[1]
+    scores = jnp.where(np.tril(np.ones((t, t), bool)), scores, -1e30)
+  out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(x.shape)
+  return dense(p["o"], out)
+
+
+def conv1d(p, x, stride):
+  """``x`` [batch, frames, in], kernel [width, in, out], padding 1 (``nn.Conv1d(..., padding=1)``)."""
+  y = jax.lax.conv_general_dilated(
+    x,
+    p["kernel"],
+    (stride,),
+    [(1, 1)],
+    dimension_numbers=("NWC", "WIO", "NWC"),
+    precision=jax.lax.Precision.HIGHEST,
+  )
+  return y + p["bias"]
+
+
+def forward(c, w, features, decoder_ids):
+  gelu = lambda y: jax.nn.gelu(y, approximate=False)  # noqa: E731
+  enc_w, dec_w = w["encoder"], w["decoder"]
+  x = gelu(conv1d(enc_w["conv1"], jnp.transpose(features, (0, 2, 1)), 1))
+  x = gelu(conv1d(enc_w["conv2"], x, 2))
+  x = x + enc_w["pos_embed"]["embedding"][: x.shape[1]]
+  for p in enc_w["layers"]:
+    x = x + attention(
+      c, p["attn"], layer_norm(x, p["attn_norm"]), layer_norm(x, p["attn_norm"]), False
+    )
+    h = layer_norm(x, p["mlp_norm"])
+    x = x + dense(p["mlp"]["down"], gelu(dense(p["mlp"]["up"], h)))
+  enc = layer_norm(x, enc_w["final_norm"])
+  y = (
+    dec_w["embed"]["embedding"][decoder_ids]
+    + dec_w["pos_embed"]["embedding"][: decoder_ids.shape[1]]
+  )
+  for p in dec_w["layers"]:
+    h = layer_norm(y, p["attn_norm"])
+    y = y + attention(c, p["attn"], h, h, True)
+    y = y + attention(c, p["xattn"], layer_norm(y, p["xattn_norm"]), enc, False)
+    h = layer_norm(y, p["mlp_norm"])
+    y = y + dense(p["mlp"]["down"], gelu(dense(p["mlp"]["up"], h)))
+  y = layer_norm(y, dec_w["final_norm"])
+  return y @ dec_w["embed"]["embedding"].T  # proj_out is tied to the token embedding
+
+
+def target(c, stacked):
+  d, f, h, n = c["d_model"], c["encoder_ffn_dim"], c["encoder_attention_heads"], c["encoder_layers"]
+  one = lambda *s: jax.ShapeDtypeStruct(s, np.float32)  # noqa: E731
+  lay = lambda *s: one(n, *s) if stacked else one(*s)  # noqa: E731
+  norm = lambda: {"scale": lay(d), "bias": lay(d)}  # noqa: E731
+
+  def proj(name):
+    kernel = lay(d, h, d // h) if stacked else lay(d, d)
+    if name == "o":
+      kernel = lay(h, d // h, d) if stacked else lay(d, d)
+    bias = {} if name == "k" else {"bias": lay(h, d // h) if stacked and name != "o" else lay(d)}
+    return {"kernel": kernel, **bias}  # Whisper's k projections have no bias
+
+  def block(cross):
+    b = {"attn": {x: proj(x) for x in "qkvo"}, "attn_norm": norm(), "mlp_norm": norm()}
+    b["mlp"] = {
+      "up": {"kernel": lay(d, f), "bias": lay(f)},
+      "down": {"kernel": lay(f, d), "bias": lay(d)},
+    }
+    if cross:
+      b |= {"xattn": {x: proj(x) for x in "qkvo"}, "xattn_norm": norm()}
+    return b
+
+  def stack(cross):
+    layers = (
+      {"layers": block(cross)} if stacked else {f"layers_{i}": block(cross) for i in range(n)}
+    )
+    return {**layers, "final_norm": {"scale": one(d), "bias": one(d)}}
+
+  encoder = stack(False) | {
+    "conv1": {"kernel": one(3, c["num_mel_bins"], d), "bias": one(d)},
+    "conv2": {"kernel": one(3, d, d), "bias": one(d)},
+    "pos_embed": {"embedding": one(c["max_source_positions"], d)},
+  }
+  decoder = stack(True) | {
+    "embed": {"embedding": one(c["vocab_size"], d)},
+    "pos_embed": {"embedding": one(c["max_target_positions"], d)},
+  }
+  return {"encoder": encoder, "decoder": decoder}
+
+
+def canonical(c, restored, stacked):
+  """Per-layer modules with heads merged, as the forward pass reads them."""
+  r = jax.tree.map(np.asarray, restored)
+  d, n = c["d_model"], c["encoder_layers"]
+  merge = lambda p: {  # noqa: E731
+    k: (v.reshape(d, d) if k == "kernel" else v.reshape(d)) for k, v in p.items()
+  }
+  out = {}
+  for name, s in r.items():
+    layers = []
+    for i in range(n):
+      b = jax.tree.map(lambda x, i=i: x[i], s["layers"]) if stacked else s[f"layers_{i}"]
+      for a in ("attn", "xattn"):
+        if a in b:
+          b[a] = {x: merge(p) for x, p in b[a].items()}
+      layers.append(b)
+    out[name] = {**{k: v for k, v in s.items() if not k.startswith("layers")}, "layers": layers}
+  return out
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["flax", "nnx"])
+def test_whisper_forward_pass_matches_pytorch_with_no_hints(stacked):
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  src = SafetensorsSource(hf.DATA / NAME / "model.safetensors")
+  tree = target(c, stacked)
+  m = prj.match(tree, src)
+  assert src.stats.reads == 0
+  assert "name + conv kernel OIK -> KIO" in str(m)
+  restored = prj.restore(tree, src, recipes=m)
+  got = np.asarray(
+    forward(c, canonical(c, restored, stacked), ref["input_features"], ref["decoder_input_ids"])
+  )
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
