@@ -23,6 +23,7 @@ leaf of its shape and dtype.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -315,6 +316,31 @@ def as_transformation(tx: Any, where: str) -> optax.GradientTransformation:
   )
 
 
+def stepped_states(
+  tx: optax.GradientTransformation, updates: Any, params: Any, extra: dict[str, Any], steps: int
+) -> list[Any]:
+  """The abstract states after 1..``steps`` updates from ``tx.init``: the forms the
+  optimizer's own state takes (``optax.monitor`` fills its measurements at the first update).
+  Stops at an update that ``eval_shape`` cannot trace (one that needs more than gradients)."""
+  out: list[Any] = []
+  try:
+    state = jax.eval_shape(tx.init, _abstract(params if params is not None else updates))
+    for _ in range(steps):
+      state = jax.eval_shape(lambda u, s, p: tx.update(u, s, p, **extra)[1], updates, state, params)
+      out.append(state)
+  except Exception:  # an update that needs what eval_shape lacks: no (further) forms
+    pass
+  return out
+
+
+def optimizer_state(state: Any) -> Any:
+  """The optax state in ``state``: ``nnx.state(optimizer)`` (live, pure, or restored without a
+  target) holds it under ``opt_state``; anything else is taken to be the optax state itself."""
+  if isinstance(state, Mapping) and "opt_state" in state:
+    return state["opt_state"]
+  return state
+
+
 def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> Any:
   """Wraps an optax transformation so its state is checked and read by parameter key.
 
@@ -376,14 +402,7 @@ def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> 
   def later_states(updates: Any, params: Any, signature: Any, extra: dict[str, Any]) -> list:
     if signature not in stepped:
       out: list[tuple[Any, Any]] = []
-      state = jax.eval_shape(tx.init, _abstract(params if params is not None else updates))
-      for _ in range(_LATER_STEPS):
-        try:
-          state = jax.eval_shape(
-            lambda u, s, p: tx.update(u, s, p, **extra)[1], updates, state, params
-          )
-        except Exception:  # an update that needs what eval_shape lacks: no later forms
-          break
+      for state in stepped_states(tx, updates, params, extra, _LATER_STEPS):
         form = (jax.tree.structure(state, is_leaf=_is_masked), _signature(state)[1])
         if any(_same(form, f) for f in out):
           break

@@ -42,14 +42,6 @@ def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
     raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
-def _optimizer_state(state: Any) -> Any:
-  """``nnx.state(optimizer)`` (live or restored without a target) holds the optax state under
-  ``opt_state``; anything else is taken to be the optax state itself."""
-  if isinstance(state, Mapping) and "opt_state" in state:
-    return state["opt_state"]
-  return state
-
-
 def reconcile(
   tx: Any,
   state: Any,
@@ -102,7 +94,7 @@ def reconcile(
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
   layout = _new_layout(inner, params, by)
-  old = _read_old_state(_optimizer_state(state), layout, rename, by)
+  old = _read_old_state(keyed_lib.optimizer_state(state), layout, rename, by)
   layout = _matching_form(layout, old)
   diff = _compare(layout, old)
   _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
@@ -156,18 +148,9 @@ def _slots_of(
 
 
 def _later_forms(inner: optax.GradientTransformation, params: Any) -> list[Any]:
-  """The abstract states after one and two updates, where they differ from ``inner.init``'s
-  (``optax.monitor`` fills its measurements at the first update): forms of this very
-  optimizer's state, never a change of optimizer."""
-  out: list[Any] = []
-  try:
-    state = jax.eval_shape(inner.init, params)
-    for _ in range(2):
-      state = jax.eval_shape(lambda u, s: inner.update(u, s, u)[1], params, state)
-      out.append(state)
-  except Exception:  # an update that needs more than gradients (extra arguments)
-    pass
-  return out
+  """The abstract states after one and two updates (``optax.monitor`` fills its measurements
+  at the first update): forms of this very optimizer's state, never a change of optimizer."""
+  return keyed_lib.stepped_states(inner, params, params, {}, 2)
 
 
 def _plain_specs(layout: _Layout) -> dict[Path, Any]:
@@ -441,13 +424,11 @@ def _read_old_state(
         "may receive the state of one old key only. Fix the rename mapping"
       )
     overwritten.extend(k for k in sources if pairs[k] == k)
-  slots = {}
-  for (prefix, key), leaf in raw.items():
-    if key in overwritten:
-      continue
-    slots[(prefix, pairs[key])] = leaf
-  elsewhere = {pairs[k]: ps for k, ps in elsewhere.items() if k not in overwritten}
-  discarded = [p for p in plain if p not in known and not any(p in ps for ps in elsewhere.values())]
+  gone = set(overwritten)
+  slots = {(prefix, pairs[key]): leaf for (prefix, key), leaf in raw.items() if key not in gone}
+  elsewhere = {pairs[k]: ps for k, ps in elsewhere.items() if k not in gone}
+  per_parameter = {p for ps in elsewhere.values() for p in ps}
+  discarded = [p for p in plain if p not in known and p not in per_parameter]
   return _OldState(
     slots,
     plain,

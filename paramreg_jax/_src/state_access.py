@@ -17,6 +17,7 @@ from paramreg_jax._src import registry as registry_lib
 from paramreg_jax._src.keyed import ParamIndex
 from paramreg_jax._src.keyed import _is_masked
 from paramreg_jax._src.keyed import mirrors
+from paramreg_jax._src.keyed import optimizer_state
 
 
 def _is_nnx(x: Any) -> bool:
@@ -44,10 +45,7 @@ def plain_tree(tree: Any) -> Any:
 
 
 def _optax_state(state: Any) -> Any:
-  """The optax state in ``state``: ``nnx.state(optimizer)`` holds it under ``opt_state``."""
-  if hasattr(state, "keys") and "opt_state" in state.keys():
-    state = state["opt_state"]
-  return plain_tree(state)
+  return plain_tree(optimizer_state(state))
 
 
 def state_keys(state: Any, params: Any = None, *, by: registry_lib.By = "name") -> frozenset[str]:
