@@ -402,3 +402,19 @@ def test_steps_as_strings_and_temporary_item_directories(tmp_path):
   (step / "default").rename(step / "default.orbax-checkpoint-tmp-6")
   with pytest.raises(StoreError, match="is not committed"):
     OrbaxSource(tmp_path / "run", step=2)
+
+
+def test_a_source_left_open_at_interpreter_exit_closes_quietly(tmp_path):
+  """A script that never calls ``close()`` (every notebook) exits without "Exception ignored in
+  _File.__del__": at exit, finalizers may run after ``os`` is torn down."""
+  path = tmp_path / "m.safetensors"
+  save_file(dict(TENSORS), str(path))
+  code = textwrap.dedent(f"""
+    import paramreg_jax as prj
+    import paramreg_jax._src.sources.safetensors as module
+    src = prj.SafetensorsSource({str(path)!r})
+    module._held = src  # held until the module itself is torn down, as a library cache would
+  """)
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stderr == "", done.stderr

@@ -132,9 +132,11 @@ class _File:
       self.close()
       raise
 
-  def close(self) -> None:
+  def close(self, _os_close=os.close) -> None:
+    # ``os.close`` is bound at definition: at interpreter exit ``__del__`` may run after the
+    # module's globals (``os``) are gone.
     if self.fd >= 0:
-      os.close(self.fd)
+      _os_close(self.fd)
       self.fd = -1
 
   def __del__(self) -> None:
