@@ -24,6 +24,9 @@ from jax.sharding import PartitionSpec as P
 
 import paramreg_jax as prj
 
+# flax 0.12.7 added nnx.as_pure (nnx.pure before it); both are supported (docs/versions.md)
+as_pure = getattr(nnx, "as_pure", None) or nnx.pure
+
 DATA = pathlib.Path(__file__).parent / "data"
 
 
@@ -88,7 +91,7 @@ def test_nnx_optimizer_state_round_trips_through_orbax(tmp_path):
     nnx.eval_shape(lambda: nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param))
   )
   restored = ckpt.restore(tmp_path / "opt", abstract)
-  chex.assert_trees_all_equal(nnx.as_pure(restored), nnx.as_pure(nnx.state(optimizer)))
+  chex.assert_trees_all_equal(as_pure(restored), as_pure(nnx.state(optimizer)))
 
 
 def test_nnx_model_surgery_then_the_one_liner(tmp_path):
@@ -114,8 +117,8 @@ def test_nnx_model_surgery_then_the_one_liner(tmp_path):
     "n:layers/2/kernel",
   )
   assert report.added == ("n:layers/1/bias", "n:layers/1/kernel")
-  mu_old = nnx.as_pure(nnx.state(old_opt))["opt_state"][0].mu
-  mu_new = nnx.as_pure(nnx.state(optimizer))["opt_state"][0].mu
+  mu_old = as_pure(nnx.state(old_opt))["opt_state"][0].mu
+  mu_new = as_pure(nnx.state(optimizer))["opt_state"][0].mu
   chex.assert_trees_all_equal(mu_new["layers"][2], mu_old["layers"][1])
   chex.assert_trees_all_equal(mu_new["layers"][1]["kernel"], jnp.zeros((8, 8)))
   assert int(optimizer.step.get_value()) == 3
@@ -126,11 +129,11 @@ def test_reconcile_understands_a_restored_nnx_optimizer_state(tmp_path):
   model, optimizer, ckpt = trained_and_saved(tmp_path / "opt", steps=1)
   tx = optimizer.tx
   raw = ckpt.restore(tmp_path / "opt")  # {'opt_state': {'0': {'mu': {...{'value': x}}}}, ...}
-  params = nnx.as_pure(nnx.state(model, nnx.Param))
+  params = as_pure(nnx.state(model, nnx.Param))
   state, report = prj.reconcile(tx, raw, params)
   assert not report.changed and len(report.kept) == 4
   assert jax.tree.structure(state) == jax.tree.structure(tx.init(params))  # optax's own form
-  live = nnx.as_pure(nnx.state(optimizer))["opt_state"]  # (NNX keeps tuples as int-keyed States)
+  live = as_pure(nnx.state(optimizer))["opt_state"]  # (NNX keeps tuples as int-keyed States)
   chex.assert_trees_all_equal(jax.tree.leaves(state), jax.tree.leaves(live))
 
 
@@ -399,7 +402,14 @@ def test_a_checkpoint_of_the_old_keyed_state_still_reconciles():
   assert prj.state_keys(raw) == {"n:enc/kernel", "n:enc/bias", "n:head/0"}
   state, report = prj.reconcile(prj.keyed(plain), raw, params)
   assert not report.changed
-  chex.assert_trees_all_equal(state, expected)
+  # the saved moments, bit for bit, each under its own parameter ...
+  for key, path in [("n:enc/kernel", ("enc", "kernel")), ("n:enc/bias", ("enc", "bias"))]:
+    for moment in ("mu", "nu"):
+      saved = raw[1][0][moment][key]
+      chex.assert_trees_all_equal(getattr(state[1][0], moment)[path[0]][path[1]], saved)
+  # ... and they are the moments of those parameters (recomputed here; another XLA version may
+  # round the last bit of sin differently from the one that wrote the checkpoint)
+  chex.assert_trees_all_close(state, expected, rtol=1e-6, atol=0)
 
 
 def test_state_pairs_with_params_in_tree_maps():

@@ -1,19 +1,26 @@
-"""Every ```python block of the README runs as written (in a temp dir)."""
+"""Every ```python block of the README runs as written, in a temp dir, in an interpreter where only
+paramreg-jax's runtime dependencies are importable (what the README's demo command installs)."""
 
 import pathlib
 import re
 
 import pytest
+from runtime_only import run_as_user
+from runtime_only import runtime_view
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
+@pytest.fixture(scope="module")
+def view(tmp_path_factory):
+  return runtime_view(tmp_path_factory.mktemp("runtime-site-packages"))
+
+
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_block_runs(index, tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)
+def test_readme_block_runs(index, view, tmp_path):
   code = BLOCKS[index].replace('"/tmp/', f'"{tmp_path}/')
-  exec(compile(code, f"README.md block {index}", "exec"), {})
+  run_as_user(code, view=view, cwd=tmp_path, name=f"README.md block {index}")
 
 
 def test_readme_has_the_two_setup_commands():

@@ -53,7 +53,7 @@ def default_max_inflight_bytes() -> int:
 
   Throughput does not need more: three windows of about 5 MiB (being read, read, being
   built) already keep the disk and the build threads busy; restoring 268 MB took 0.22-0.26 s with a
-  16 MiB budget and 0.28-0.31 s with 128 MiB (README benchmark notes). A larger budget only
+  16 MiB budget and 0.28-0.31 s with 128 MiB (docs/benchmarks.md). A larger budget only
   raises the peak. A single shard whose blocks are larger is still read whole.
 
   Examples:
@@ -148,7 +148,7 @@ class ParameterBackend(Protocol):
 
 
 class JaxBackend:
-  """The JAX implementation: weights are sharded ``jax.Array``s built from block reads.
+  """The JAX implementation: weights are sharded ``jax.Array`` objects built from block reads.
 
   A parameter slot is a target leaf (``jax.Array`` or ``jax.ShapeDtypeStruct`` with a
   ``.sharding``). ``bind`` is functional: it returns the value to put in the new tree.

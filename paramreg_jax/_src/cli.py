@@ -121,7 +121,7 @@ def _load_target(spec: str) -> tuple[Any, dict[str, Any]]:
 
 
 def _check_target(spec: str, target: Any) -> None:
-  """A target is a tree of arrays / ``jax.ShapeDtypeStruct``s (or an NNX module)."""
+  """A target is a tree of arrays / ``jax.ShapeDtypeStruct`` objects (or an NNX module)."""
   import jax
 
   from paramreg_jax._src import keys as keys_lib

@@ -73,7 +73,7 @@ def train(graphdef: Any, params: Any, tx: Any, state: Any, steps: int) -> tuple[
   loss = jnp.inf
   for _ in range(steps):
     # settle: one sharded step in flight at a time (XLA:CPU can deadlock otherwise; see the
-    # README's reliability notes). On accelerators it is a no-op.
+    # docs/howto/cpu_devices.md). On accelerators it is a no-op.
     params, state, loss = devices_lib.settle(step(params, state))
   return params, state, float(loss)
 
@@ -196,4 +196,4 @@ def run(*, workdir: str | None = None) -> None:
     new_params, state, loss = train(graphdef2, new_params, tx, state, 60)
     print(f"   60 more steps on the bigger model, loss {loss:.4f}")
     manager.close()
-    say("done", "Everything above is in the README and the notebooks.")
+    say("done", "Everything above is in the docs (docs/) and the notebooks.")

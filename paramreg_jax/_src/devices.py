@@ -40,7 +40,7 @@ def use_cpu_devices(count: int = 8) -> None:
   Sets ``--xla_force_host_platform_device_count=count`` (the documented way to get several
   CPU devices) and, unless you set it yourself, ``PJRT_NPROC=2 * count``: XLA:CPU's default
   thread pool of ``max(cores, count)`` threads can deadlock when several sharded programs
-  with collectives are in flight (see the README's reliability notes).
+  with collectives are in flight (docs/howto/cpu_devices.md).
 
   Args:
     count: the number of CPU devices ``jax.devices()`` should report.

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 import optax
 
+from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src import registry as registry_lib
@@ -95,7 +96,7 @@ class ParamIndex:
     )
 
   def mirror_keys(self, node: Any) -> tuple[str | None, ...] | None:
-    """The parameter key of each leaf of ``node`` (``None`` at ``MaskedNode``s), if ``node``
+    """The parameter key of each leaf of ``node`` (``None`` at ``MaskedNode`` leaves), if ``node``
     mirrors the parameters; else ``None``."""
     if node is None or isinstance(node, (str, bytes)):
       return None
@@ -341,7 +342,9 @@ def optimizer_state(state: Any) -> Any:
   return state
 
 
-def keyed(tx: optax.GradientTransformation, *, by: registry_lib.By = "name") -> Any:
+def keyed(
+  tx: optax.GradientTransformation | api_types.Transformation, *, by: registry_lib.By = "name"
+) -> optax.GradientTransformation:
   """Wraps an optax transformation so its state is checked and read by parameter key.
 
   Args:

@@ -85,7 +85,7 @@ def label_by_pattern(
   """A tree of labels (for ``optax.partition``) chosen by the first matching glob rule.
 
   Args:
-    params: the parameter tree (arrays or ``ShapeDtypeStruct``s).
+    params: the parameter tree (arrays or ``ShapeDtypeStruct`` objects).
     rules: ordered ``{pattern: label}`` or ``[(pattern, label), ...]``.
     require_all_used: a rule that labels no parameter is an error (default).
 

@@ -18,6 +18,7 @@ from typing import Literal
 import jax
 import numpy as np
 
+from paramreg_jax._src import api_types
 from paramreg_jax._src import backend as backend_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import patterns as patterns_lib
@@ -26,7 +27,7 @@ from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
 
-DtypePolicy = Literal["exact", "cast"]
+DtypePolicy = api_types.DtypePolicy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,21 +229,21 @@ def _recipes(recipes: Any) -> tuple[dict[str, ops.Recipe], list[sets.FusedSplit]
 
 
 def plan_restore(
-  target: Any,
-  source: Any,
+  target: api_types.PyTree,
+  source: source_lib.CheckpointSource,
   *,
-  recipes: Mapping[str, ops.Recipe] | sets.RecipeSet | Iterable[Any] | None = None,
+  recipes: api_types.Recipes | None = None,
   aliases: Mapping[str, str] | None = None,
-  rename: sets.Rename | Mapping[str, str | None] | Iterable[tuple[str, str | None]] | None = None,
-  exclude: Iterable[str] | Callable[[str], bool] | str | None = None,
-  dtype_policy: DtypePolicy = "exact",
+  rename: api_types.RenameRules | None = None,
+  exclude: api_types.Exclude | None = None,
+  dtype_policy: api_types.DtypePolicy = "exact",
 ) -> RestorePlan:
   """Plans a restore of ``target`` from ``source`` using metadata only.
 
   Args:
-    target: the tree to restore into: arrays or ``jax.ShapeDtypeStruct``s with shardings (an
-      abstract tree from ``jax.eval_shape``/``nnx.eval_shape`` is enough), flax linen params,
-      an ``nnx.State`` or ``nnx.Module``, an equinox module.
+    target: the tree to restore into: arrays or ``jax.ShapeDtypeStruct`` objects with
+      shardings (an abstract tree from ``jax.eval_shape``/``nnx.eval_shape`` is enough), flax
+      linen params, an ``nnx.State`` or ``nnx.Module``, an equinox module.
     source: a :class:`~paramreg_jax.sources.CheckpointSource`.
     recipes: ``{target name: recipe}`` (``RecipeSet``, ``fused_split`` results, or a list of such
       mappings); names are canonical names with or without ``n:``.

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from paramreg_jax._src import api_types
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
@@ -43,9 +44,9 @@ def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def reconcile(
-  tx: Any,
-  state: Any,
-  params: Any,
+  tx: api_types.Transformation,
+  state: api_types.PyTree,
+  params: api_types.PyTree,
   *,
   on_missing: Literal["init", "error"] = "init",
   on_unexpected: Literal["drop", "error"] = "drop",
@@ -370,7 +371,7 @@ def _assemble(
 
 
 def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tuple[Any, Any]]:
-  """``{key: (shape, sharding)}`` of the parameters that are placed ``jax.Array``s."""
+  """``{key: (shape, sharding)}`` of the parameters that are placed ``jax.Array`` objects."""
   return {
     k: (tuple(x.shape), x.sharding)
     for k, x in zip(index.keys, jax.tree_util.tree_leaves(params))

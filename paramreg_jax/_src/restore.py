@@ -17,9 +17,11 @@ from typing import Any
 
 import jax
 
+from paramreg_jax._src import api_types
 from paramreg_jax._src import backend as backend_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import plan as plan_lib
+from paramreg_jax._src import source as source_lib
 from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import ops
 
@@ -85,11 +87,11 @@ def _recipe_of(entry: plan_lib.PlanEntry) -> ops.Recipe:
 def materialize(
   plan: plan_lib.RestorePlan,
   *,
-  backend: Any = None,
+  backend: backend_lib.ParameterBackend | None = None,
   max_inflight_bytes: int | None = None,
   progress: bool = False,
 ) -> MaterializedUnit:
-  """Reads and builds every weight of ``plan`` as sharded ``jax.Array``s.
+  """Reads and builds every weight of ``plan`` as sharded ``jax.Array`` objects.
 
   Args:
     plan: from :func:`plan_restore`.
@@ -179,12 +181,12 @@ def materialize(
 
 
 def bind(
-  target: Any,
+  target: api_types.PyTree,
   unit: Mapping[str, Any],
   *,
-  exclude: Iterable[str] | Callable[[str], bool] | str | None = None,
-  backend: Any = None,
-) -> Any:
+  exclude: api_types.Exclude | None = None,
+  backend: backend_lib.ParameterBackend | None = None,
+) -> api_types.PyTree:
   """Validates the whole ``unit`` against ``target``, then returns the restored tree.
 
   Every target slot that is not excluded must get exactly one weight of the right shape,
@@ -193,7 +195,7 @@ def bind(
 
   Args:
     target: the tree to restore into (see :func:`plan_restore`); for an ``nnx.Module`` the
-      new ``nnx.State`` of its ``Param``s is returned (apply it with ``nnx.update``).
+      new ``nnx.State`` of its ``Param`` variables is returned (apply it with ``nnx.update``).
     unit: a :class:`MaterializedUnit` (or any mapping key → array).
     exclude: globs or a predicate over names: slots kept as they are (a weight supplied for
       one counts as unexpected).
@@ -250,23 +252,26 @@ def bind(
 
 
 def restore(
-  target: Any,
-  source: Any,
+  target: api_types.PyTree,
+  source: source_lib.CheckpointSource,
   *,
+  recipes: api_types.Recipes | None = None,
+  aliases: Mapping[str, str] | None = None,
+  rename: api_types.RenameRules | None = None,
+  exclude: api_types.Exclude | None = None,
+  dtype_policy: api_types.DtypePolicy = "exact",
   max_inflight_bytes: int | None = None,
   progress: bool = False,
-  backend: Any = None,
-  **plan_kwargs: Any,
-) -> Any:
+  backend: backend_lib.ParameterBackend | None = None,
+) -> api_types.PyTree:
   """``bind(target, materialize(plan_restore(target, source, ...)))`` in one call.
 
   Args:
     target: the tree to restore into (abstract is fine: ``jax.eval_shape`` output with
       shardings, or an ``nnx.Module``).
     source: a checkpoint source.
+    recipes, aliases, rename, exclude, dtype_policy: see :func:`plan_restore`.
     max_inflight_bytes, progress, backend: see :func:`materialize`.
-    **plan_kwargs: ``recipes``, ``aliases``, ``rename``, ``exclude``, ``dtype_policy`` (see
-      :func:`plan_restore`).
 
   Returns:
     The restored tree (for an ``nnx.Module``: its new ``Param`` state, for ``nnx.update``).
@@ -280,8 +285,16 @@ def restore(
     >>> params["dense"]["kernel"].shape
     (2, 3)
   """
-  plan = plan_lib.plan_restore(target, source, **plan_kwargs)
+  plan = plan_lib.plan_restore(
+    target,
+    source,
+    recipes=recipes,
+    aliases=aliases,
+    rename=rename,
+    exclude=exclude,
+    dtype_policy=dtype_policy,
+  )
   unit = materialize(
     plan, backend=backend, max_inflight_bytes=max_inflight_bytes, progress=progress
   )
-  return bind(target, unit, exclude=plan_kwargs.get("exclude"), backend=backend)
+  return bind(target, unit, exclude=exclude, backend=backend)

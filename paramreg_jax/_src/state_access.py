@@ -28,7 +28,7 @@ def _is_nnx(x: Any) -> bool:
 
 
 def plain_tree(tree: Any) -> Any:
-  """``tree`` with NNX ``State``s as nested dicts and ``Variable``s as their values, so a live
+  """``tree`` with NNX ``State`` objects as nested dicts and ``Variable`` objects as their values, so a live
   ``nnx.state(optimizer)`` (or ``optimizer.opt_state``) and ``nnx.state(model, nnx.Param)``
   mirror each other as plain trees do; anything else unchanged."""
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src import plan as plan_lib
 from paramreg_jax._src import source as source_lib
@@ -48,10 +49,10 @@ __all__ = ["Concepts", "Match", "Proposal", "concepts", "match"]
 
 
 def match(
-  target: Any,
-  source: Any,
+  target: api_types.PyTree,
+  source: source_lib.CheckpointSource,
   *,
-  hints: Mapping[str, Any] | None = None,
+  hints: api_types.Hints | None = None,
   config: Mapping[str, Any] | None = None,
 ) -> Match:
   """Proposes the complete recipe set that restores ``target`` from ``source``, from metadata.

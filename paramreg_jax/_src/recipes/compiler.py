@@ -23,8 +23,8 @@ and runs the functions (:mod:`paramreg_jax._src.backend`, which also holds ``eva
 The function is numpy on the host, run by the backend's thread pool: a transpose, slice, gather
 or cast is one strided copy straight into the shard's (64-byte aligned) buffer, which
 ``jax.device_put`` then adopts. There is no XLA program, so nothing to compile per device, no
-collective and no device temporary: a device only ever receives its own shard (see the README's
-benchmark notes for the measurements behind this choice).
+collective and no device temporary: a device only ever receives its own shard (docs/benchmarks.md has
+the measurements behind this choice).
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ class OrbaxSource(source_lib.BaseSource):
 
         if self._context is None:
           # orbax's context, with twice the cores for decoding and copying: measured 25% faster
-          # reads than its default of one thread per core (README benchmark notes)
+          # reads than its default of one thread per core (docs/benchmarks.md)
           self._context = tsu.get_ts_context(
             use_ocdbt=self._use_ocdbt, data_copy_concurrency_limit=2 * (os.cpu_count() or 1)
           )

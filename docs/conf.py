@@ -1,0 +1,58 @@
+"""Sphinx configuration: myst-nb pages and notebooks, an API reference from the docstrings.
+
+Built by ``python -m sphinx -W -b html docs docs/_build/html`` (README) and by
+``tests/test_docs.py``, with warnings as errors. No network: no intersphinx; the notebooks are
+read from ``notebooks/`` (a symbolic link) and executed during the build.
+"""
+
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("PJRT_NPROC", "16")
+
+import paramreg_jax  # noqa: E402
+
+project = "paramreg_jax"
+author = "paramreg_jax developers"
+copyright = "2026, paramreg_jax developers"
+release = paramreg_jax.__version__
+version = release
+
+extensions = [
+  "myst_nb",
+  "sphinx.ext.autodoc",
+  "sphinx.ext.autosummary",
+  "sphinx.ext.napoleon",
+  "sphinx.ext.viewcode",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "notebooks/README.md"]
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# Notebooks are committed with outputs cleared; the build runs them (about 20 s on 2 cores) so the
+# site shows their outputs, and fails on an error. PARAMREG_DOCS_EXECUTE=0 renders them as is.
+nb_execution_mode = "off" if os.environ.get("PARAMREG_DOCS_EXECUTE") == "0" else "force"
+nb_execution_raise_on_error = True
+nb_execution_timeout = 300
+nb_execution_in_temp = True
+
+autosummary_generate = True
+autosummary_imported_members = True
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+
+html_theme = "sphinx_book_theme"
+html_title = "paramreg_jax"
+html_static_path: list[str] = []
+html_theme_options = {"show_toc_level": 2}
