@@ -10,6 +10,8 @@ from paramreg_jax._src.debias import DebiasAddedState
 from paramreg_jax._src.debias import debias_added
 from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
+from paramreg_jax._src.errors import ExportError
+from paramreg_jax._src.errors import ExportPlanError
 from paramreg_jax._src.errors import KeyCollisionError
 from paramreg_jax._src.errors import MalformedKeyError
 from paramreg_jax._src.errors import MatchError
@@ -25,6 +27,9 @@ from paramreg_jax._src.errors import ShapeMismatchError
 from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
+from paramreg_jax._src.export import ExportPlan
+from paramreg_jax._src.export import export
+from paramreg_jax._src.export import plan_export
 from paramreg_jax._src.keyed import keyed
 from paramreg_jax._src.keys import INDEXED_KEY_PREFIX
 from paramreg_jax._src.keys import NAMED_KEY_PREFIX
@@ -69,6 +74,9 @@ __all__ = (
   "CheckpointLease",
   "CheckpointSource",
   "DebiasAddedState",
+  "ExportError",
+  "ExportPlan",
+  "ExportPlanError",
   "Full",
   "Indices",
   "JaxBackend",
@@ -104,6 +112,7 @@ __all__ = (
   "assign_keys",
   "bind",
   "debias_added",
+  "export",
   "keyed",
   "label_by_pattern",
   "mask_by_pattern",
@@ -112,6 +121,7 @@ __all__ = (
   "name_to_path",
   "param_state",
   "path_to_name",
+  "plan_export",
   "plan_restore",
   "reconcile",
   "reconcile_optimizer",

@@ -223,6 +223,25 @@ class MaterializationError(ParamRegError):
     self.key = key
 
 
+class ExportPlanError(ParamRegError):
+  """Parameters cannot be written back to a checkpoint's layout: ``.problems`` lists every
+  recipe that cannot be run backwards and every tensor the parameters cover only in part."""
+
+  def __init__(self, message: str, problems: tuple[str, ...] = ()):
+    super().__init__(message)
+    self.problems = problems
+
+
+class ExportError(ParamRegError):
+  """Writing an export failed (I/O, a parameter that does not fit the plan, two parameters
+  that disagree about one tensor); no file exists under the final names. ``.key`` names the
+  tensor or parameter."""
+
+  def __init__(self, message: str, key: str | None = None):
+    super().__init__(message)
+    self.key = key
+
+
 class BindError(ParamRegError):
   """A materialized unit does not fit the target; ``.problems`` lists every mismatch."""
 

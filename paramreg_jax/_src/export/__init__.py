@@ -1,0 +1,12 @@
+"""The way back: parameters written in the layout of the checkpoint they came from.
+
+``invert`` runs recipes backwards (metadata only), ``plan`` checks that they rebuild every
+checkpoint tensor (``plan_export``), ``writer`` lays out and stages Hugging Face safetensors
+shards, and ``export`` drives them: plan -> write -> commit.
+"""
+
+from paramreg_jax._src.export.driver import export
+from paramreg_jax._src.export.plan import ExportPlan
+from paramreg_jax._src.export.plan import plan_export
+
+__all__ = ("ExportPlan", "export", "plan_export")

@@ -1,0 +1,390 @@
+"""``export``: parameters back into the layout of the checkpoint they were restored from.
+
+Data flows one way, as in a restore: **plan** (:func:`plan_export`, metadata only: every recipe
+inverted, every tensor's coverage checked, all problems at once) -> **write** (one checkpoint
+tensor at a time, each parameter fetched from its shards only for the part a tensor needs,
+written in blocks of ``max_inflight_bytes``) -> **commit** (the staged directory renamed into
+place). Host memory stays within the largest tensor plus the block budget, except for a tensor
+assembled from parts along an inner axis, which is built whole before it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from paramreg_jax._src import api_types
+from paramreg_jax._src import errors
+from paramreg_jax._src import plan as plan_lib
+from paramreg_jax._src import source as source_lib
+from paramreg_jax._src import target as target_lib
+from paramreg_jax._src.export import invert as inv
+from paramreg_jax._src.export import writer
+from paramreg_jax._src.export.plan import ExportPlan
+from paramreg_jax._src.export.plan import TensorPlan
+from paramreg_jax._src.export.plan import plan_export
+
+DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size, "5GB"
+_DEFAULT_BLOCK = 16 * 2**20
+
+
+def export(
+  params: api_types.PyTree,
+  mapping: plan_lib.RestorePlan | api_types.Recipes | None,
+  path: str | os.PathLike[str],
+  *,
+  source: source_lib.CheckpointSource | None = None,
+  rename: api_types.RenameRules | None = None,
+  aliases: Mapping[str, str] | None = None,
+  exclude: api_types.Exclude | None = None,
+  copy_unmapped: bool = True,
+  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+  max_inflight_bytes: int | None = None,
+  overwrite: bool = False,
+  progress: bool = False,
+) -> ExportPlan:
+  """Writes ``params`` back in the layout of the checkpoint ``mapping`` reads from.
+
+  The inverse of :func:`~paramreg_jax.restore`: every recipe runs backwards (transposes and
+  reshapes undone, stacked layers unstacked, the parts of a fused tensor joined, casts back to
+  the stored dtype, a tied weight written once), checkpoint tensors no parameter reads are
+  copied from the source, and the result is a directory that transformers, vLLM or a
+  ``SafetensorsSource`` loads: ``model.safetensors`` (or size-bounded shards and
+  ``model.safetensors.index.json``) with ``__metadata__ = {"format": "pt"}``, and the source's
+  ``config.json`` when it has one.
+
+  Args:
+    params: the parameters (a restored tree of sharded ``jax.Array`` objects, numpy arrays, an
+      ``nnx.State`` or ``nnx.Module``, ...), with the names and shapes of the restore target.
+    mapping: what the parameters were restored with: the :class:`~paramreg_jax.RestorePlan`,
+      or the ``recipes`` (a :class:`~paramreg_jax.Match`, a ``RecipeSet``, a mapping) given
+      with the same ``rename``/``aliases``/``exclude`` (``None``: names only).
+    path: the directory to create.
+    source: the checkpoint the mapping reads (for a ``Match``, its own source by default).
+    rename, aliases, exclude: as given to the restore, when ``mapping`` is not a plan.
+    copy_unmapped: copy tensors no parameter reads from the source (``False``: leave them out).
+    max_shard_bytes: the largest shard file (a larger tensor gets a shard of its own).
+    max_inflight_bytes: bytes written per block (default 16 MiB).
+    overwrite: replace ``path`` if it exists (the old directory stays until the new one is
+      complete).
+    progress: show a progress bar.
+
+  Returns:
+    The :class:`ExportPlan` that was written.
+
+  Raises:
+    ExportPlanError: a recipe cannot be run backwards, or a tensor is covered only in part
+      (every problem at once; nothing was written).
+    ExportError: the parameters do not fit the plan, two parameters disagree about one tensor,
+      or writing failed; nothing exists under ``path``.
+
+  Examples:
+    >>> import jax, numpy as np, tempfile
+    >>> import paramreg_jax as prj
+    >>> from paramreg_jax import recipes as R
+    >>> src = prj.MemorySource({"fc.weight": np.arange(6, dtype=np.float32).reshape(3, 2)})
+    >>> target = {"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32)}}
+    >>> recipes = {"fc/kernel": R.transpose(R.source("fc.weight"), (1, 0))}
+    >>> params = prj.restore(target, src, recipes=recipes)
+    >>> out = tempfile.mkdtemp() + "/exported"
+    >>> _ = prj.export(jax.tree.map(lambda w: w + 1, params), recipes, out, source=src)
+    >>> prj.SafetensorsSource(out).lease("fc.weight").read().tolist()
+    [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+  """
+  final = pathlib.Path(os.fspath(path))
+  if (
+    isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1
+  ):
+    raise ValueError(f"max_shard_bytes must be a positive int, got {max_shard_bytes!r}")
+  block = _DEFAULT_BLOCK if max_inflight_bytes is None else int(max_inflight_bytes)
+  if block < 1:
+    raise ValueError(f"max_inflight_bytes must be positive, got {max_inflight_bytes!r}")
+  plan = _restore_plan(params, mapping, source, rename, aliases, exclude)
+  exported = plan_export(plan, copy_unmapped=copy_unmapped)
+  leaves = _check_params(params, plan)
+  src = plan.source
+  tensors = [(t.key, t.shape, t.dtype, t.nbytes) for t in exported.tensors]
+  shards = writer.layout(tensors, max_shard_bytes)
+  staging = writer.Staging(final, overwrite=overwrite)
+  bar = _progress(progress, exported.nbytes)
+  try:
+    weight_map: dict[str, str] = {}
+    for name, positions in shards:
+      entries = [tensors[i] for i in positions]
+      head, offsets = writer.header(entries, {"format": "pt"})
+      with open(staging.path(name), "wb") as f:
+        f.write(head)
+        for i, offset in zip(positions, offsets):
+          t = exported.tensors[i]
+          _write_tensor(f.fileno(), len(head) + offset, t, leaves, src, block)
+          weight_map[t.key] = name
+          if bar is not None:
+            bar.update(t.nbytes)
+    if len(shards) > 1:
+      staging.path(writer.INDEX_NAME).write_bytes(writer.index(weight_map, exported.nbytes))
+    config = getattr(src, "config", None)
+    if isinstance(config, Mapping):
+      text = json.dumps(dict(config), indent=2, sort_keys=True) + "\n"
+      staging.path("config.json").write_text(text)
+    staging.commit()
+  except BaseException as e:
+    staging.abort()
+    if isinstance(e, errors.ParamRegError) or not isinstance(e, Exception):
+      raise
+    raise errors.ExportError(
+      f"{final}: export failed: {type(e).__name__}: {e}; nothing was written"
+    ) from e
+  finally:
+    if bar is not None:
+      bar.close()
+  return exported
+
+
+def _restore_plan(
+  params: Any, mapping: Any, source: Any, rename: Any, aliases: Any, exclude: Any
+) -> plan_lib.RestorePlan:
+  if isinstance(mapping, plan_lib.RestorePlan):
+    given = [
+      n
+      for n, v in (
+        ("source", source),
+        ("rename", rename),
+        ("aliases", aliases),
+        ("exclude", exclude),
+      )
+      if v is not None
+    ]
+    if given:
+      raise ValueError(
+        f"export: a RestorePlan already holds its source and names; drop {', '.join(given)}"
+      )
+    return mapping
+  if source is None:
+    source = getattr(mapping, "source", None)  # a Match remembers its checkpoint
+  if source is None:
+    raise ValueError(
+      "export: pass source= (the checkpoint the mapping reads), or the RestorePlan the "
+      "parameters were restored with"
+    )
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if target_lib.is_slot(x) else x,
+    target_lib.as_state(params),
+  )
+  return plan_lib.plan_restore(
+    abstract, source, recipes=mapping, rename=rename, aliases=aliases, exclude=exclude
+  )
+
+
+def _check_params(params: Any, plan: plan_lib.RestorePlan) -> dict[str, Any]:
+  """``{key: leaf}`` for every planned parameter; all mismatches raised at once."""
+  leaves, _, slots = target_lib.slots(params)
+  by_key = {s.key: (s, leaves[s.position]) for s in slots}
+  problems = []
+  out = {}
+  for entry in plan.entries:
+    if entry.kind == "alias":
+      continue
+    found = by_key.get(entry.key)
+    if found is None:
+      problems.append(f"{entry.key}: the mapping writes it, but params has no such parameter")
+      continue
+    slot, leaf = found
+    if slot.shape != tuple(entry.shape) or slot.dtype != np.dtype(entry.dtype):
+      problems.append(
+        f"{entry.key}: params has {slot.shape} {slot.dtype}, the mapping was planned for "
+        f"{tuple(entry.shape)} {np.dtype(entry.dtype)}"
+      )
+      continue
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      problems.append(
+        f"{entry.key}: not fully addressable from this process; export from one process after "
+        "gathering (jax.experimental.multihost_utils.process_allgather)"
+      )
+      continue
+    out[entry.key] = leaf
+  if problems:
+    raise errors.ExportError(
+      errors.collected("export these parameters", problems, "nothing was written")
+    )
+  return out
+
+
+def _fetch(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
+  """``leaf[index]`` on the host, copying only the shards the index touches."""
+  if not isinstance(leaf, jax.Array) or len(leaf.sharding.device_set) == 1:
+    return np.asarray(leaf[index] if any(_cuts(i) for i in index) else leaf)
+  box = [
+    (i, i + 1) if isinstance(i, int) else (i.start or 0, n if i.stop is None else i.stop)
+    for i, n in zip(index, leaf.shape)
+  ]
+  out = np.empty([hi - lo for lo, hi in box], leaf.dtype)
+  seen = set()
+  for shard in leaf.addressable_shards:
+    where = tuple(
+      (s.start or 0, n if s.stop is None else s.stop) for s, n in zip(shard.index, leaf.shape)
+    )
+    if where in seen:
+      continue
+    seen.add(where)
+    lo = [max(a[0], b[0]) for a, b in zip(where, box)]
+    hi = [min(a[1], b[1]) for a, b in zip(where, box)]
+    if any(a >= b for a, b in zip(lo, hi)):
+      continue
+    src_index = tuple(slice(a - w[0], b - w[0]) for a, b, w in zip(lo, hi, where))
+    dst_index = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, box))
+    out[dst_index] = np.asarray(shard.data[src_index])
+  squeeze = tuple(axis for axis, i in enumerate(index) if isinstance(i, int))
+  return out.squeeze(squeeze) if squeeze else out
+
+
+def _cuts(i: Any) -> bool:
+  return isinstance(i, int) or i != slice(None)
+
+
+def _piece(leaf: Any, placement: inv.Placement, key: str, param: str) -> np.ndarray:
+  lead, rest = inv.leading_region(placement.ops, tuple(leaf.shape))
+  value = inv.apply(rest, _fetch(leaf, lead))
+  if value.shape != placement.shape or value.dtype != placement.dtype:
+    raise errors.ExportError(
+      f"{key}: {param} gives a {value.shape} {value.dtype} piece, the tensor needs "
+      f"{placement.shape} {placement.dtype}",
+      key,
+    )
+  return value
+
+
+def _rows(region: tuple[Any, ...], n: int) -> list[tuple[int, int, int]] | None:
+  """Contiguous row runs ``(first row, first piece row, count)`` of a region that restricts
+  at most axis 0; ``None`` when it restricts another axis."""
+  if any(r is not None for r in region[1:]):
+    return None
+  r = region[0] if region else None
+  if r is None:
+    return [(0, 0, n)]
+  if r[0] == "range":
+    return [(r[1], 0, r[2] - r[1])]
+  runs: list[tuple[int, int, int]] = []
+  for j, row in enumerate(r[1]):
+    if runs and runs[-1][0] + runs[-1][2] == row and runs[-1][1] + runs[-1][2] == j:
+      runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+    else:
+      runs.append((row, j, 1))
+  return runs
+
+
+def _write_tensor(fd: int, start: int, t: TensorPlan, leaves: dict, src: Any, block: int) -> None:
+  row_bytes = (
+    int(np.prod(t.shape[1:], dtype=np.int64)) * t.dtype.itemsize if t.shape else t.dtype.itemsize
+  )
+  if t.copied:
+    lease = src.lease(t.key)
+    _write_rows(
+      fd,
+      start,
+      lambda rows: lease.read(_row_index(t.shape, rows)),
+      0,
+      0,
+      _nrows(t.shape),
+      row_bytes,
+      block,
+    )
+    return
+  runs = [_rows(p.placement.region, _nrows(t.shape)) for p in t.pieces]
+  overlapping = sum(int(np.prod(p.placement.shape, dtype=np.int64)) for p in t.pieces) > int(
+    np.prod(t.shape, dtype=np.int64)
+  )
+  if all(r is not None for r in runs) and not overlapping:
+    for p, piece_runs in zip(t.pieces, runs):
+      assert piece_runs is not None
+      value = _piece(leaves[p.param], p.placement, t.key, p.param)
+      if not t.shape:
+        value = value.reshape(1)
+      for first, piece_first, count in piece_runs:
+        _write_rows(fd, start, value.__getitem__, first, piece_first, count, row_bytes, block)
+      del value
+    return
+  out = np.empty(t.shape, t.dtype)
+  owner = np.full(t.shape, -1, np.int32) if overlapping else None
+  for n, p in enumerate(t.pieces):
+    value = _piece(leaves[p.param], p.placement, t.key, p.param)
+    index = _index(p.placement.region, t.shape)
+    if owner is not None:
+      had = owner[index]
+      clash = (had >= 0) & ~_same_bits(out[index], value)
+      if clash.any():
+        other = t.pieces[int(had[clash].flat[0])].param
+        raise errors.ExportError(
+          f"checkpoint tensor {t.key!r}: {other} and {p.param} both write it and their values "
+          "differ; tie them (aliases=) or export one of them",
+          t.key,
+        )
+      owner[index] = n
+    out[index] = value
+  flat = out.reshape(_nrows(t.shape), -1) if t.shape else out.reshape(1)
+  _write_rows(fd, start, flat.__getitem__, 0, 0, _nrows(t.shape), row_bytes, block)
+
+
+def _index(region: tuple[Any, ...], shape: tuple[int, ...]) -> Any:
+  """A numpy index for a placement's region (an outer product when several axes gather)."""
+  if sum(r is not None and r[0] == "indices" for r in region) <= 1:
+    return tuple(
+      slice(None) if r is None else slice(r[1], r[2]) if r[0] == "range" else list(r[1])
+      for r in region
+    )
+  return np.ix_(
+    *[
+      np.arange(n) if r is None else np.arange(r[1], r[2]) if r[0] == "range" else np.array(r[1])
+      for r, n in zip(region, shape)
+    ]
+  )
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """Elementwise: the same bytes (NaN payloads and -0 included)."""
+  size = a.dtype.itemsize
+  a8 = np.ascontiguousarray(a).view(np.uint8).reshape(*a.shape, size)
+  b8 = np.ascontiguousarray(b).view(np.uint8).reshape(*b.shape, size)
+  return (a8 == b8).all(-1)
+
+
+def _nrows(shape: tuple[int, ...]) -> int:
+  return shape[0] if shape else 1
+
+
+def _row_index(shape: tuple[int, ...], rows: slice) -> Any:
+  return None if not shape else (rows,) + (slice(None),) * (len(shape) - 1)
+
+
+def _write_rows(
+  fd: int,
+  start: int,
+  rows: Any,
+  first: int,
+  piece_first: int,
+  count: int,
+  row_bytes: int,
+  block: int,
+) -> None:
+  step = max(1, block // max(row_bytes, 1))
+  for k in range(0, count, step):
+    n = min(step, count - k)
+    chunk = np.ascontiguousarray(rows(slice(piece_first + k, piece_first + k + n))).reshape(-1)
+    view = chunk.view(np.uint8).data
+    offset = start + (first + k) * row_bytes
+    done = 0
+    while done < len(view):
+      done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _progress(enabled: bool, total: int) -> Any:
+  if not enabled:
+    return None
+  from tqdm.auto import tqdm
+
+  return tqdm(total=total, unit="B", unit_scale=True, desc="export")

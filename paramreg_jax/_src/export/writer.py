@@ -1,0 +1,121 @@
+"""Safetensors files the way Hugging Face writes them, written atomically.
+
+``layout`` splits tensors into size-bounded shards (``model.safetensors``, or
+``model-00001-of-00003.safetensors`` and ``model.safetensors.index.json``); ``Staging`` writes
+every file into a temporary sibling directory and renames it to the final path only when all
+of them are complete and synced, so a crash or Ctrl-C never leaves something under the final
+name that looks like a finished checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.sources import safetensors as st
+
+DTYPE_NAMES = {dtype: name for name, dtype in st.DTYPES.items()}
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def dtype_name(dtype: np.dtype, key: str) -> str:
+  name = DTYPE_NAMES.get(np.dtype(dtype))
+  if name is None:
+    raise errors.ExportError(f"{key}: safetensors has no dtype for {np.dtype(dtype)}", key)
+  return name
+
+
+def layout(
+  tensors: Sequence[tuple[str, tuple[int, ...], np.dtype, int]], max_shard_bytes: int
+) -> list[tuple[str, list[int]]]:
+  """``[(file name, [tensor positions])]``: tensors in order, a new shard when the next one
+  would pass ``max_shard_bytes`` (a tensor larger than that gets a shard of its own)."""
+  shards: list[list[int]] = [[]]
+  size = 0
+  for i, (_, _, _, nbytes) in enumerate(tensors):
+    if shards[-1] and size + nbytes > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(i)
+    size += nbytes
+  if len(shards) == 1:
+    return [(SINGLE_NAME, shards[0])]
+  n = len(shards)
+  return [(f"model-{i + 1:05d}-of-{n:05d}.safetensors", s) for i, s in enumerate(shards)]
+
+
+def header(
+  entries: Sequence[tuple[str, tuple[int, ...], np.dtype, int]], metadata: dict[str, str]
+) -> tuple[bytes, list[int]]:
+  """The header bytes (padded to 8 with spaces, as the reference writer does) and each
+  tensor's start offset in the data section."""
+  body: dict[str, Any] = {"__metadata__": metadata}
+  offsets = []
+  offset = 0
+  for key, shape, dtype, nbytes in entries:
+    body[key] = {
+      "dtype": dtype_name(dtype, key),
+      "shape": list(shape),
+      "data_offsets": [offset, offset + nbytes],
+    }
+    offsets.append(offset)
+    offset += nbytes
+  raw = json.dumps(body, separators=(",", ":")).encode()
+  raw += b" " * (-len(raw) % 8)
+  return len(raw).to_bytes(8, "little") + raw, offsets
+
+
+def index(weight_map: dict[str, str], total_size: int) -> bytes:
+  return (
+    json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=2) + "\n"
+  ).encode()
+
+
+class Staging:
+  """A temporary directory beside ``final`` that becomes ``final`` in one rename."""
+
+  def __init__(self, final: pathlib.Path, *, overwrite: bool):
+    self.final = final
+    if final.exists() and not overwrite:
+      raise errors.ExportError(
+        f"{final} already exists; export writes a new directory (pass overwrite=True to "
+        "replace it)",
+        str(final),
+      )
+    final.parent.mkdir(parents=True, exist_ok=True)
+    self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+
+  def path(self, name: str) -> pathlib.Path:
+    return self.dir / name
+
+  def commit(self) -> None:
+    for child in self.dir.iterdir():
+      fd = os.open(child, os.O_RDONLY)
+      try:
+        os.fsync(fd)
+      finally:
+        os.close(fd)
+    old = None
+    if self.final.exists():
+      old = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.final.name}.old-", dir=self.final.parent))
+      os.rename(self.final, old / "replaced")
+    os.rename(self.dir, self.final)
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+    dir_fd = os.open(self.final.parent, os.O_RDONLY)
+    try:
+      os.fsync(dir_fd)
+    finally:
+      os.close(dir_fd)
+
+  def abort(self) -> None:
+    shutil.rmtree(self.dir, ignore_errors=True)
