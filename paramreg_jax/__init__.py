@@ -28,6 +28,7 @@ from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
 from paramreg_jax._src.export import ExportPlan
+from paramreg_jax._src.export import convert
 from paramreg_jax._src.export import export
 from paramreg_jax._src.export import plan_export
 from paramreg_jax._src.keyed import keyed
@@ -111,6 +112,7 @@ __all__ = (
   "assign_ids",
   "assign_keys",
   "bind",
+  "convert",
   "debias_added",
   "export",
   "keyed",

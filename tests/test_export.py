@@ -249,7 +249,9 @@ def test_an_existing_directory_is_replaced_only_when_asked(tmp_path):
   plan = prj.plan_restore(target, src)
   (tmp_path / "out").mkdir()
   (tmp_path / "out" / "old.txt").write_text("x")
-  with pytest.raises(prj.ExportError, match=r"already exists; .* overwrite=True"):
+  with pytest.raises(
+    prj.ExportError, match=r"already exists; export writes a new directory \(overwrite=True"
+  ):
     prj.export({"w": np.zeros((2, 2), np.float32)}, plan, tmp_path / "out")
   prj.export({"w": np.zeros((2, 2), np.float32)}, plan, tmp_path / "out", overwrite=True)
   assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.safetensors"]
@@ -336,8 +338,8 @@ def test_export_plan_reads_nothing_and_prints_what_goes_where():
   assert src.stats.reads == 0
   assert str(plan) == (
     "ExportPlan: 1 tensors (0.00 MiB) from 3 parameters, 0 copied from the source\n"
-    "  qkv.weight  (6, 2)  float32  <- n:k  transpose (1, 0), -> rows 2:4 of axis 0; "
-    "n:q  transpose (1, 0), -> rows 0:2 of axis 0; n:v  transpose (1, 0), -> rows 4:6 of axis 0"
+    "  qkv.weight  (6, 2)  float32  <- n:k  transpose (1, 0), -> 2:4 on axis 0; "
+    "n:q  transpose (1, 0), -> 0:2 on axis 0; n:v  transpose (1, 0), -> 4:6 on axis 0"
   )
   assert "<table>" in plan._repr_html_()
 
@@ -348,3 +350,57 @@ def test_no_temporary_directory_survives_a_successful_export(tmp_path):
   prj.export({"w": np.ones((2, 2), np.float32)}, plan, tmp_path / "out")
   assert [p.name for p in tmp_path.iterdir()] == ["out"]
   assert os.listdir(tmp_path / "out") == ["model.safetensors"]
+
+
+# --- convert: the recipes once, then plain orbax -------------------------------------------------
+
+
+def test_convert_then_a_plain_orbax_restore_gives_the_recipe_restore(tmp_path, devices):
+  import orbax.checkpoint as ocp
+
+  src = SafetensorsSource(hf.DATA / "gpt_neox" / "model.safetensors")
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  cols = NamedSharding(mesh, P(*([None] * 1), "model"))
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=cols if x.ndim == 2 and x.shape[1] % 2 == 0 else None
+    ),
+    case_target("gpt_neox", "flax"),
+  )
+  by_recipes = prj.restore(target, src, recipes=prj.match(target, src))
+  plan = prj.convert(src, tmp_path / "orbax", target)
+  plain = ocp.StandardCheckpointer().restore(tmp_path / "orbax", target)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), by_recipes, plain
+  )
+  jax.tree.map(lambda a, b: a.sharding == b.sharding or pytest.fail("sharding"), by_recipes, plain)
+  # and back: the converted checkpoint exported in the original layout, bit for bit
+  prj.export(plain, plan, tmp_path / "hf")
+  assert_same_tensors(
+    hf.DATA / "gpt_neox" / "model.safetensors", tmp_path / "hf" / "model.safetensors"
+  )
+  with pytest.raises(prj.ExportError, match="already exists"):
+    prj.convert(src, tmp_path / "orbax", target)
+
+
+def test_the_command_line_converts_and_exports(tmp_path, monkeypatch, capsys):
+  from paramreg_jax._src import cli
+
+  (tmp_path / "model_def.py").write_text(
+    "import test_export\ndef abstract():\n  return test_export.case_target('phi3', 'nnx')\n"
+  )
+  monkeypatch.chdir(tmp_path)
+  original = hf.DATA / "phi3"
+  assert cli.main(["convert", str(original), "conv", "--target", "model_def:abstract"]) == 0
+  assert "wrote an orbax checkpoint of" in capsys.readouterr().out
+  code = cli.main(
+    ["export", "conv", "back", "--like", str(original), "--target", "model_def:abstract", "--json"]
+  )
+  out = json.loads(capsys.readouterr().out)
+  assert code == 0 and out["ok"] and out["files"] == ["config.json", "model.safetensors"]
+  assert_same_tensors(original / "model.safetensors", tmp_path / "back" / "model.safetensors")
+  code = cli.main(
+    ["export", "conv", "back", "--like", str(original), "--target", "model_def:abstract", "--json"]
+  )
+  out = json.loads(capsys.readouterr().out)
+  assert code == 1 and out["type"] == "ExportError" and "--overwrite" in out["error"]

@@ -1,4 +1,4 @@
-"""The ``paramreg-jax`` command line: ``demo``, ``inspect``, ``plan`` and ``match``.
+"""The ``paramreg-jax`` command line: ``demo``, ``inspect``, ``plan``, ``match``, ``convert``, ``export``.
 
 Errors are one clear line on stderr and a non-zero exit status; ``--debug`` shows the traceback.
 """
@@ -172,23 +172,8 @@ def cmd_match(args: argparse.Namespace) -> int:
       f"--target {args.target}: match takes only 'recipes' (as hints) besides 'target'; "
       f"{unused} are plan options: drop them here, pass them to plan_restore or restore"
     )
-  hints = dict(options.get("recipes") or {})
-  for text in args.hint or ():
-    name, sep, key = text.partition("=")
-    if not sep or not name.strip() or not key.strip():
-      raise ValueError(
-        f"--hint {text!r}: expected TARGET_NAME=CHECKPOINT_NAME, e.g. "
-        "--hint layers/attn_norm/scale=input_layernorm"
-      )
-    hints[name.strip()] = key.strip()
-  config = None
-  if args.config:
-    try:
-      config = json.loads(pathlib.Path(args.config).read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-      raise ValueError(f"--config {args.config}: cannot read the model config: {e}") from None
-    if not isinstance(config, dict):
-      raise ValueError(f"--config {args.config}: the model config is not a JSON object")
+  hints = _hints(args, dict(options.get("recipes") or {}))
+  config = _config(args)
   try:
     mapping = match(target, src, hints=hints, config=config)
   except errors.MatchError as e:
@@ -211,6 +196,114 @@ def cmd_match(args: argparse.Namespace) -> int:
     print(mapping)
     print()
     print(mapping.to_python())
+  return 0
+
+
+def _hints(args: argparse.Namespace, hints: dict[str, Any]) -> dict[str, Any]:
+  for text in args.hint or ():
+    name, sep, key = text.partition("=")
+    if not sep or not name.strip() or not key.strip():
+      raise ValueError(
+        f"--hint {text!r}: expected TARGET_NAME=CHECKPOINT_NAME, e.g. "
+        "--hint layers/attn_norm/scale=input_layernorm"
+      )
+    hints[name.strip()] = key.strip()
+  return hints
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any] | None:
+  if not getattr(args, "config", None):
+    return None
+  try:
+    config = json.loads(pathlib.Path(args.config).read_text())
+  except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+    raise ValueError(f"--config {args.config}: cannot read the model config: {e}") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"--config {args.config}: the model config is not a JSON object")
+  return config
+
+
+def _mapping(args: argparse.Namespace, target: Any, options: dict[str, Any], src: Any) -> Any:
+  """``options`` from --target when they hold recipes or renames, else ``match`` with hints."""
+  from paramreg_jax._src.match import match
+
+  if "recipes" in options or "rename" in options:
+    if args.hint or getattr(args, "config", None):
+      raise ValueError(
+        f"--target {args.target} returns recipes or rename rules: --hint and --config are for "
+        "match; drop them"
+      )
+    return options
+  return {**options, "recipes": match(target, src, hints=_hints(args, {}), config=_config(args))}
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+  return not args.json and sys.stderr.isatty()
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+  """A foreign checkpoint -> an orbax checkpoint in the target's own layout (recipes once)."""
+  from paramreg_jax._src import errors
+  from paramreg_jax._src.export.convert import convert
+
+  src = open_source(args.path, step=args.step, item=args.item)
+  target, options = _load_target(args.target)
+  try:
+    options = _mapping(args, target, options, src)
+    plan = convert(
+      src, args.dst, target, **options, overwrite=args.overwrite, progress=_show_progress(args)
+    )
+  except (errors.MatchError, errors.RestorePlanError) as e:
+    return _problems(args, "no complete mapping", e)
+  summary = {
+    "ok": True,
+    "path": str(pathlib.Path(args.dst).absolute()),
+    "parameters": len(plan.entries),
+    "bytes": plan.nbytes,
+  }
+  if args.json:
+    print(json.dumps(summary, indent=1))
+  else:
+    print(
+      f"wrote an orbax checkpoint of {len(plan.entries)} parameters ({_human(plan.nbytes)}) to "
+      f"{summary['path']}; restore it with ocp.StandardCheckpointer().restore(path, target)"
+    )
+  return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+  """Parameters (an orbax checkpoint in the target's layout) -> the layout of ``--like``."""
+  from paramreg_jax._src import errors
+  from paramreg_jax._src.export.driver import export
+  from paramreg_jax._src.restore import restore
+
+  target, options = _load_target(args.target)
+  like = open_source(args.like)
+  params = restore(target, open_source(args.path, step=args.step, item=args.item))
+  try:
+    options = _mapping(args, target, options, like)
+    plan = export(
+      params,
+      options.pop("recipes", None),
+      args.dst,
+      source=like,
+      rename=options.get("rename"),
+      aliases=options.get("aliases"),
+      exclude=options.get("exclude"),
+      max_shard_bytes=args.max_shard_bytes,
+      overwrite=args.overwrite,
+      progress=_show_progress(args),
+    )
+  except (errors.MatchError, errors.RestorePlanError, errors.ExportPlanError) as e:
+    return _problems(args, "cannot export", e)
+  files = sorted(p.name for p in pathlib.Path(args.dst).iterdir())
+  if args.json:
+    out = {"ok": True, "path": str(pathlib.Path(args.dst).absolute()), "files": files}
+    out |= {"tensors": len(plan.tensors), "bytes": plan.nbytes}
+    print(json.dumps(out, indent=1))
+  else:
+    print(plan)
+    print(f"wrote {', '.join(files)} to {pathlib.Path(args.dst).absolute()}")
   return 0
 
 
@@ -243,6 +336,16 @@ def _parser() -> argparse.ArgumentParser:
   )
   for name, text in (
     ("inspect", "keys, shapes, dtypes and bytes of a checkpoint (reads no payload)"),
+    (
+      "convert",
+      "restore a foreign checkpoint through its recipes (or match) once and save it as an "
+      "orbax checkpoint in the target's own layout",
+    ),
+    (
+      "export",
+      "write parameters (an orbax checkpoint in the target's layout) back in the layout of "
+      "another checkpoint (--like), as Hugging Face safetensors shards",
+    ),
     ("plan", "the restore plan of a checkpoint against a target tree; exit 1 if it cannot bind"),
     (
       "match",
@@ -254,19 +357,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
       "path", help="an orbax checkpoint directory or a safetensors file/directory/index"
     )
+    if name in ("convert", "export"):
+      p.add_argument("dst", help="the directory to write")
+      p.add_argument("--overwrite", action="store_true", help="replace dst if it exists")
+    if name == "export":
+      p.add_argument(
+        "--like",
+        required=True,
+        help="the checkpoint whose layout to write (the one the parameters came from)",
+      )
+      p.add_argument(
+        "--max-shard-bytes",
+        type=int,
+        default=5_000_000_000,
+        help="the largest shard file (default 5 GB, as transformers)",
+      )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
       "--step", type=int, default=None, help="CheckpointManager step (default: latest)"
     )
     p.add_argument("--item", default=None, help="CheckpointManager item name")
-    if name in ("plan", "match"):
+    if name in ("plan", "match", "convert", "export"):
       p.add_argument(
         "--target",
         required=True,
         help="MODULE:FUNCTION returning the abstract target tree, or a dict with 'target' and "
         "plan_restore options (recipes, aliases, rename, exclude, dtype_policy)",
       )
-    if name == "match":
+    if name in ("match", "convert", "export"):
       p.add_argument(
         "--hint",
         action="append",
@@ -301,6 +419,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       return cmd_inspect(args)
     if args.command == "match":
       return cmd_match(args)
+    if args.command == "convert":
+      return cmd_convert(args)
+    if args.command == "export":
+      return cmd_export(args)
     return cmd_plan(args)
   except KeyboardInterrupt:
     _fail(args, "interrupted", "KeyboardInterrupt")

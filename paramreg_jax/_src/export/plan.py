@@ -134,9 +134,9 @@ def _describe(p: inv.Placement) -> str:
       parts.append(step[0])
   for axis, r in enumerate(p.region):
     if r is not None and r[0] == "range":
-      parts.append(f"-> rows {r[1]}:{r[2]} of axis {axis}")
+      parts.append(f"-> {r[1]}:{r[2]} on axis {axis}")
     elif r is not None:
-      parts.append(f"-> {len(r[1])} gathered rows of axis {axis}")
+      parts.append(f"-> {len(r[1])} gathered indices on axis {axis}")
   return ", ".join(parts)
 
 

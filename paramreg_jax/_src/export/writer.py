@@ -87,8 +87,8 @@ class Staging:
     self.final = final
     if final.exists() and not overwrite:
       raise errors.ExportError(
-        f"{final} already exists; export writes a new directory (pass overwrite=True to "
-        "replace it)",
+        f"{final} already exists; export writes a new directory (overwrite=True, or "
+        "--overwrite on the command line, replaces it)",
         str(final),
       )
     final.parent.mkdir(parents=True, exist_ok=True)
