@@ -216,9 +216,11 @@ def _check_params(params: Any, plan: plan_lib.RestorePlan) -> dict[str, Any]:
 
 
 def _fetch(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
-  """``leaf[index]`` on the host, copying only the shards the index touches."""
+  """``leaf[index]`` on the host, copying only the shards the index touches. Indexing happens
+  in numpy (a CPU device's buffer is viewed, not copied): indexing the ``jax.Array`` would
+  compile an XLA program per distinct slice."""
   if not isinstance(leaf, jax.Array) or len(leaf.sharding.device_set) == 1:
-    return np.asarray(leaf[index] if any(_cuts(i) for i in index) else leaf)
+    return np.asarray(leaf)[index]
   box = [
     (i, i + 1) if isinstance(i, int) else (i.start or 0, n if i.stop is None else i.stop)
     for i, n in zip(index, leaf.shape)
@@ -238,13 +240,9 @@ def _fetch(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
       continue
     src_index = tuple(slice(a - w[0], b - w[0]) for a, b, w in zip(lo, hi, where))
     dst_index = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, box))
-    out[dst_index] = np.asarray(shard.data[src_index])
+    out[dst_index] = np.asarray(shard.data)[src_index]
   squeeze = tuple(axis for axis, i in enumerate(index) if isinstance(i, int))
   return out.squeeze(squeeze) if squeeze else out
-
-
-def _cuts(i: Any) -> bool:
-  return isinstance(i, int) or i != slice(None)
 
 
 def _piece(leaf: Any, placement: inv.Placement, key: str, param: str) -> np.ndarray:
