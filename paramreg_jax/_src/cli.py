@@ -32,9 +32,19 @@ def _ensure_virtual_devices(count: int = 8) -> None:
 
 def open_source(path: str, *, step: int | None = None, item: str | None = None) -> Any:
   """A source for ``path``: safetensors (file, directory, index) or orbax (anything else)."""
+  from paramreg_jax._src.sources import stores
   from paramreg_jax._src.sources.orbax import OrbaxSource
   from paramreg_jax._src.sources.safetensors import SafetensorsSource
 
+  if stores.is_url(path):  # safetensors at a URL; an orbax checkpoint on gs:// or s3://
+    orbax_store = path.split("://", 1)[0] in ("gs", "s3") and not path.endswith(
+      (".safetensors", ".json")
+    )
+    if orbax_store and not stores.RemoteFolder(path, options=None, retries=3, timeout=30.0).exists(
+      "model.safetensors.index.json"
+    ):
+      return OrbaxSource(path, step=step, item=item)
+    return SafetensorsSource(path)
   p = pathlib.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"{path}: no such file or directory")
@@ -355,7 +365,9 @@ def _parser() -> argparse.ArgumentParser:
   ):
     p = sub.add_parser(name, help=text)
     p.add_argument(
-      "path", help="an orbax checkpoint directory or a safetensors file/directory/index"
+      "path",
+      help="an orbax checkpoint directory or a safetensors file/directory/index (a path or a "
+      "URL: https://, gs://, s3://, hf://)",
     )
     if name in ("convert", "export"):
       p.add_argument("dst", help="the directory to write")

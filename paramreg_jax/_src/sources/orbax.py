@@ -23,6 +23,7 @@ from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src import registry as registry_lib
 from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import stores
 
 _METADATA_FILE = "_METADATA"
 
@@ -44,6 +45,22 @@ def _refuse_uncommitted(path: pathlib.Path, what: str) -> None:
     "it); orbax does not restore it and neither do we. Nothing was read: wait for the save to "
     "finish, or restore an earlier committed step"
   )
+
+
+def _as_path(path: Any) -> Any:
+  """A local path, or for ``gs://``/``s3://`` orbax's own path type (etils ``epath``), which
+  orbax and tensorstore read remotely (supported, not tested here: no object store)."""
+  if not stores.is_url(path):
+    return pathlib.Path(path)
+  scheme = str(path).split("://", 1)[0]
+  if scheme not in ("gs", "s3"):
+    raise errors.StoreError(
+      f"{path}: orbax checkpoints are read from local paths, gs:// or s3:// ({scheme}:// has no "
+      "directory listing); for safetensors at a URL use SafetensorsSource"
+    )
+  from etils import epath
+
+  return epath.Path(str(path))
 
 
 def resolve_checkpoint_dir(
@@ -193,7 +210,7 @@ class OrbaxSource(source_lib.BaseSource):
     super().__init__()
     import orbax.checkpoint as ocp  # lazily: orbax is heavy and does work at import
 
-    self.path = resolve_checkpoint_dir(pathlib.Path(path), step=step, item=item)
+    self.path = resolve_checkpoint_dir(_as_path(path), step=step, item=item)
     saved = _saved_leaves(_check_metadata_file(self.path))
     quiet = _DropMissingCheckpointMetadata()
     logging.getLogger("absl").addFilter(quiet)

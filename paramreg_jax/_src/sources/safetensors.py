@@ -9,7 +9,8 @@ byte is read.
 Payload reads are positional reads (``os.preadv``) straight into 64-byte aligned buffers, which
 ``jax.device_put`` adopts without a copy. Nothing is memory-mapped: a file that shrinks while it
 is read gives a short read, reported as an error naming the tensor, never a ``SIGBUS``. A region
-read touches only the rows that hold it, in bounded chunks.
+read touches only the rows that hold it, in bounded chunks. At a URL the same reads are range
+requests (:mod:`.stores`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import stores
 
 DTYPES: dict[str, np.dtype] = {
   "BOOL": np.dtype(np.bool_),
@@ -96,59 +98,36 @@ def _text_problem(header: dict[str, Any]) -> str | None:
   return None
 
 
-def _pread_exact(fd: int, array: np.ndarray, offset: int, what: str, path: pathlib.Path) -> None:
-  """Fills the C-contiguous ``array`` from ``offset`` of ``fd``; a short read (the file shrank)
-  is an error."""
-  assert array.flags.c_contiguous  # reshape would copy otherwise, and the read would be lost
-  out = array.reshape(-1).view(np.uint8).data
-  done, want = 0, len(out)
-  while done < want:
-    n = os.preadv(fd, [out[done:]], offset + done)
-    if n == 0:
-      size = os.fstat(fd).st_size
-      raise errors.SourceIOError(
-        f"{path}: {what} needs bytes up to {offset + want}, but the file is now {size} bytes "
-        "(truncated after it was opened?)"
-      )
-    done += n
-
-
 class _File:
   """One parsed safetensors file: ``{key: (metadata, absolute byte offset)}``."""
 
-  def __init__(self, path: pathlib.Path):
-    self.path = path
+  def __init__(self, store: stores.LocalFile | stores.RemoteFile):
+    # A local file stays open from validation to the last read: a newer save renamed over the
+    # path (what a training loop saving "latest" does) cannot put other bytes under these offsets.
+    self.store = store
+    self.path = store.name
     self.entries: dict[str, tuple[source_lib.TensorMetadata, int]] = {}
-    # The file stays open from validation to the last read: a newer save renamed over the path
-    # (what a training loop saving "latest" does) cannot put other bytes under these offsets.
-    self.fd = -1
-    try:
-      self.fd = os.open(path, os.O_RDONLY)
-    except OSError as e:
-      raise errors.SourceIOError(f"{path}: cannot open: {e}") from e
     try:
       self._parse()
     except BaseException:
       self.close()
       raise
 
-  def close(self, _os_close=os.close) -> None:
-    # ``os.close`` is bound at definition: at interpreter exit ``__del__`` may run after the
-    # module's globals (``os``) are gone.
-    if self.fd >= 0:
-      _os_close(self.fd)
-      self.fd = -1
+  def close(self) -> None:
+    self.store.close()
 
   def __del__(self) -> None:
-    self.close()
+    store = getattr(self, "store", None)
+    if store is not None:
+      store.close()
 
   def _bad(self, message: str) -> errors.MalformedSafetensorsError:
     return errors.MalformedSafetensorsError(f"{self.path}: {message}; nothing was read from it")
 
   def _parse(self) -> None:
     try:
-      size = os.fstat(self.fd).st_size
-      head = os.pread(self.fd, 8, 0)
+      size = self.store.size
+      head = self.store.pread(8, 0)
       if len(head) < 8:
         raise self._bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
       (n,) = struct.unpack("<Q", head)
@@ -156,7 +135,7 @@ class _File:
         raise self._bad(f"header length {n} runs past the end of the file ({size} bytes)")
       if n > _MAX_HEADER:
         raise self._bad(f"header length {n} exceeds {_MAX_HEADER} bytes")
-      raw = os.pread(self.fd, n, 8)
+      raw = self.store.pread(n, 8)
     except OSError as e:
       raise errors.SourceIOError(f"{self.path}: cannot read the header: {e}") from e
     try:
@@ -243,14 +222,11 @@ class _File:
     out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
     if out.size == 0:
       return out
-    if self.fd < 0:
-      raise errors.SourceIOError(f"{self.path}: the source was closed; open it again to read")
-    self._read_box(self.fd, offset, meta.shape, meta.dtype.itemsize, region, out, key)
+    self._read_box(offset, meta.shape, meta.dtype.itemsize, region, out, key)
     return out
 
   def _read_box(
     self,
-    fd: int,
     offset: int,
     shape: tuple[int, ...],
     itemsize: int,
@@ -259,18 +235,18 @@ class _File:
     key: str,
   ) -> None:
     if not shape:
-      _pread_exact(fd, out, offset, repr(key), self.path)
+      self.store.pread_into(out, offset, repr(key))
       return
     (a, b), rest = region[0], region[1:]
     row = itemsize
     for d in shape[1:]:
       row *= d
     if all(lo == 0 and hi == d for (lo, hi), d in zip(rest, shape[1:])):  # contiguous rows
-      _pread_exact(fd, out, offset + a * row, repr(key), self.path)
+      self.store.pread_into(out, offset + a * row, repr(key))
       return
     if row > _SCRATCH_BYTES:  # one row is large: recurse into it, row by row
       for i in range(a, b):
-        self._read_box(fd, offset + i * row, shape[1:], itemsize, rest, out[i - a], key)
+        self._read_box(offset + i * row, shape[1:], itemsize, rest, out[i - a], key)
       return
     per = max(1, _SCRATCH_BYTES // row)
     scratch = np.empty(min(per, b - a) * row, np.uint8)
@@ -278,7 +254,7 @@ class _File:
     for i in range(a, b, per):
       m = min(per, b - i)
       buf = scratch[: m * row]
-      _pread_exact(fd, buf, offset + i * row, repr(key), self.path)
+      self.store.pread_into(buf, offset + i * row, repr(key))
       block = buf.view(out.dtype).reshape((m, *shape[1:]))
       out[i - a : i - a + m] = block[(slice(None), *inner)]
 
@@ -288,13 +264,23 @@ class SafetensorsSource(source_lib.BaseSource):
 
   Args:
     path: a ``.safetensors`` file; a directory (its ``model.safetensors.index.json`` if present,
-      else every ``*.safetensors`` in it); or the index file itself.
+      else every ``*.safetensors`` in it); or the index file itself. Or a URL of any of them
+      (``https://``, ``gs://``, ``s3://``, ``hf://``: ``pip install 'paramreg-jax[remote]'``;
+      a folder URL means its index, else its ``model.safetensors``): headers and every read are
+      range requests, only the rows a shard needs, in flight together.
+    storage_options: for a URL, options of its fsspec filesystem (``{"headers": {...}}`` for
+      HTTP, credentials for a bucket).
+    retries: for a URL, how often a transient failure (a dropped connection, a timeout, HTTP
+      5xx or 429) is retried, with exponential backoff.
+    timeout: for a URL, seconds to connect and between received bytes.
 
   Raises:
     MalformedSafetensorsError: a truncated file, a header past the end, bad offsets, an
       unknown dtype (checked for every file up front, before any payload read).
     MalformedIndexError / UnsafeShardPathError / MissingShardError /
     ContradictoryIndexMappingError: problems with a sharded index.
+    SourceIOError: a URL that cannot be read: a server that ignores ``Range`` (refused before
+      it sends the object), 403, timeouts after the retries; the URL is named.
 
   Examples:
     >>> import numpy as np, tempfile, os
@@ -309,27 +295,59 @@ class SafetensorsSource(source_lib.BaseSource):
     True
   """
 
-  def __init__(self, path: str | os.PathLike[str]):
+  def __init__(
+    self,
+    path: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    retries: int = 3,
+    timeout: float = 30.0,
+  ):
     super().__init__()
-    self.path = pathlib.Path(path)
     self._where: dict[str, _File] = {}
+    if stores.is_url(path):
+      self.path: Any = str(path)
+      self._open_remote(str(path), storage_options, retries, timeout)
+    else:
+      self.path = pathlib.Path(path)
+      self._open_local()
+    self._keys = tuple(sorted(self._where))
+
+  def _open_local(self) -> None:
     if self.path.is_dir():
-      index = self.path / INDEX_NAME
-      if index.exists():
-        self._load_index(index)
-      else:
-        files = sorted(self.path.glob("*.safetensors"))
-        if not files:
-          raise errors.MissingShardError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
-        for f in files:
-          self._add(_File(f))
-    elif self.path.name.endswith(".json"):
-      self._load_index(self.path)
+      self._folder: Any = stores.LocalFolder(self.path)
+      if (self.path / INDEX_NAME).exists():
+        self._load_index(self._folder, INDEX_NAME)
+        return
+      files = sorted(self.path.glob("*.safetensors"))
+      if not files:
+        raise errors.MissingShardError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
+      for f in files:
+        self._add(_File(stores.LocalFile(f)))
+      return
+    self._folder = stores.LocalFolder(self.path.parent)
+    if self.path.name.endswith(".json"):
+      self._load_index(self._folder, self.path.name)
     elif self.path.exists():
-      self._add(_File(self.path))
+      self._add(_File(stores.LocalFile(self.path)))
     else:
       raise errors.MissingShardError(f"{self.path}: no such file or directory")
-    self._keys = tuple(sorted(self._where))
+
+  def _open_remote(
+    self, url: str, options: dict[str, Any] | None, retries: int, timeout: float
+  ) -> None:
+    """A file URL, an index URL, or a folder URL (its index, else its ``model.safetensors``)."""
+    if url.endswith(".safetensors") or url.endswith(".json"):
+      root, name = url.rsplit("/", 1)
+    else:
+      root, name = url.rstrip("/"), ""
+    self._folder = stores.RemoteFolder(root, options=options, retries=retries, timeout=timeout)
+    if not name:
+      name = INDEX_NAME if self._folder.exists(INDEX_NAME) else "model.safetensors"
+    if name.endswith(".json"):
+      self._load_index(self._folder, name)
+    else:
+      self._add(_File(self._folder.open(name)))
 
   @functools.cached_property
   def config(self) -> dict[str, Any] | None:
@@ -339,17 +357,16 @@ class SafetensorsSource(source_lib.BaseSource):
     Raises:
       MalformedConfigError: the file exists but is not a JSON object.
     """
-    folder = self.path if self.path.is_dir() else self.path.parent
-    path = folder / "config.json"
-    if not path.is_file():
+    where = self._folder.describe("config.json")
+    if not self._folder.exists("config.json"):
       return None
     try:
-      data = json.loads(path.read_text())
+      data = json.loads(self._folder.read_text("config.json"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-      raise errors.MalformedConfigError(f"{path}: cannot parse the model config: {e}") from None
+      raise errors.MalformedConfigError(f"{where}: cannot parse the model config: {e}") from None
     if not isinstance(data, dict):
       raise errors.MalformedConfigError(
-        f"{path}: the model config is a JSON {type(data).__name__}, not an object"
+        f"{where}: the model config is a JSON {type(data).__name__}, not an object"
       )
     return data
 
@@ -364,9 +381,10 @@ class SafetensorsSource(source_lib.BaseSource):
         )
       self._where[key] = f
 
-  def _load_index(self, index: pathlib.Path) -> None:
+  def _load_index(self, folder: Any, index_name: str) -> None:
+    index = folder.describe(index_name)
     try:
-      data = json.loads(index.read_text())
+      data = json.loads(folder.read_text(index_name))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
       raise errors.MalformedIndexError(f"{index}: cannot parse the index: {e}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
@@ -376,7 +394,6 @@ class SafetensorsSource(source_lib.BaseSource):
       raise errors.MalformedIndexError(
         f"{index}: expected {{'weight_map': {{tensor: shard file}}}}, nothing was read"
       )
-    root = index.parent.resolve()
     shards: dict[str, set[str]] = {}
     for key, name in weight_map.items():
       if "\x00" in name or len(name) > 1024 or not name.strip():
@@ -384,22 +401,17 @@ class SafetensorsSource(source_lib.BaseSource):
           f"{index}: tensor {key!r} points to {name[:60]!r}{'...' if len(name) > 60 else ''} "
           f"({len(name)} characters), which is not a usable file name; nothing was read"
         )
-      target = (root / name).resolve()
-      if (
-        pathlib.PurePath(name).is_absolute()
-        or ".." in pathlib.PurePath(name).parts
-        or (root not in target.parents)
-      ):
+      if folder.escapes(name):
         raise errors.UnsafeShardPathError(
-          f"{index}: tensor {key!r} points to {name!r}, outside {root}; shard paths must be "
-          "relative names inside the checkpoint directory. Nothing was read"
+          f"{index}: tensor {key!r} points to {name!r}, outside {folder.root}; shard paths must "
+          "be relative names inside the checkpoint directory. Nothing was read"
         )
       shards.setdefault(name, set()).add(key)
-    missing = sorted(n for n in shards if not (root / n).is_file())
+    missing = sorted(n for n in shards if not folder.exists(n))
     if missing:
       raise errors.MissingShardError(f"{index}: shard file(s) missing: {', '.join(missing)}")
     for name in sorted(shards):
-      f = _File(root / name)
+      f = _File(folder.open(name))
       absent = sorted(shards[name] - set(f.entries))
       if absent:
         raise errors.ContradictoryIndexMappingError(
@@ -418,6 +430,26 @@ class SafetensorsSource(source_lib.BaseSource):
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     return self._where[key].read(key, region)
+
+  def start_reads(self, requests: Any) -> Any:
+    """Local files read when finished (positional reads are synchronous); at a URL every read
+    of the window is in flight at once (the window's budget bounds them)."""
+    if not isinstance(self._folder, stores.RemoteFolder):
+      return super().start_reads(requests)
+    pool = self._pool()
+    futures = [pool.submit(self.read_region, key, region) for key, region in requests]
+
+    def finish() -> list[np.ndarray]:
+      return [f.result() for f in futures]
+
+    return finish
+
+  def _pool(self) -> Any:
+    if getattr(self, "_executor", None) is None:
+      from concurrent.futures import ThreadPoolExecutor
+
+      self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="paramreg-http")
+    return self._executor
 
   def close(self) -> None:
     """Closes the files (they stay open from validation to the last read, so that a file
@@ -448,7 +480,7 @@ class SafetensorsSource(source_lib.BaseSource):
     shape = self.metadata(key).shape
     return box[:1] + tuple((0, d) for d in shape[1:]) if box else box
 
-  def shard_of(self, key: str) -> pathlib.Path:
+  def shard_of(self, key: str) -> Any:
     """The file that holds ``key``."""
     if key not in self._where:
       raise self.unknown_key(key)

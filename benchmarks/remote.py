@@ -1,0 +1,108 @@
+"""Restore throughput over HTTP on loopback, against reading the same file locally.
+
+Run: python benchmarks/remote.py [--mib 512]
+
+A safetensors file of float32 [1024, 2048] kernels stored [out, in] is served by
+``tests/http_server.py`` (a separate process, honouring Range), and restored with a transpose
+on every kernel into a (4, 2)-sharded target, each restore in a fresh process: once from the
+local path, once from the URL. Reported: time, throughput, the ratio, and the bytes the server
+sent against the file's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROWS, COLS = 1024, 2048
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_case(where: str) -> dict:
+  import paramreg_jax as prj
+
+  prj.use_cpu_devices(8)
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from paramreg_jax import recipes as R
+
+  grid = NamedSharding(jax.make_mesh((4, 2), ("x", "y")), P("x", "y"))
+  jax.device_put(np.zeros((8, 8), np.float32), grid).block_until_ready()
+  t0 = time.perf_counter()
+  src = prj.SafetensorsSource(where)
+  target = {
+    "layers": {
+      k.split(".")[1]: {"kernel": jax.ShapeDtypeStruct((COLS, ROWS), np.float32, sharding=grid)}
+      for k in src.keys()
+    }
+  }
+  recipes = {
+    f"layers/{k.split('.')[1]}/kernel": R.transpose(R.source(k), (1, 0)) for k in src.keys()
+  }
+  out = prj.restore(target, src, recipes=recipes)
+  jax.block_until_ready(out)
+  return {"seconds": time.perf_counter() - t0, "bytes": src.stats.bytes_read}
+
+
+def measure(where: str) -> dict:
+  proc = subprocess.run([sys.executable, __file__, "--case", where], capture_output=True, text=True)
+  if proc.returncode:
+    raise SystemExit(f"{where} failed:\n{proc.stderr[-3000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--mib", type=int, default=512)
+  parser.add_argument("--case", default=None)
+  args = parser.parse_args()
+  if args.case:
+    print(json.dumps(run_case(args.case)))
+    return
+  with tempfile.TemporaryDirectory() as work:
+    count = args.mib * 2**20 // (ROWS * COLS * 4)
+    os.makedirs(os.path.join(work, "ckpt"))
+    path = os.path.join(work, "ckpt", "model.safetensors")
+    code = (
+      "import numpy as np\nfrom safetensors.numpy import save_file\n"
+      "rng = np.random.default_rng(0)\n"
+      f"save_file({{f'layers.{{i:04d}}.weight': rng.standard_normal(({ROWS}, {COLS}), "
+      f"dtype=np.float32) for i in range({count})}}, {path!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    server = subprocess.Popen(
+      [sys.executable, os.path.join(HERE, "..", "tests", "http_server.py"), work],
+      stdout=subprocess.PIPE,
+      text=True,
+    )
+    try:
+      assert server.stdout is not None
+      url = server.stdout.readline().strip()
+      local = measure(path)
+      remote = measure(f"{url}/ckpt/model.safetensors")
+      sent = json.load(urllib.request.urlopen(f"{url}/_stats"))["sent"]["-"]
+    finally:
+      server.terminate()
+      server.wait()
+    size = os.path.getsize(path)
+  gb = 1e9
+  print(
+    f"{count} kernels [{ROWS}, {COLS}] float32 ({size / 2**20:.0f} MiB), (4, 2) mesh, transposed"
+  )
+  print(f"local file: {local['seconds']:.2f} s ({size / gb / local['seconds']:.2f} GB/s)")
+  print(f"HTTP on loopback: {remote['seconds']:.2f} s ({size / gb / remote['seconds']:.2f} GB/s)")
+  print(f"ratio HTTP / local: {remote['seconds'] / local['seconds']:.2f}")
+  print(f"bytes the server sent / file size: {sent / size:.3f}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,129 @@
+"""A loopback HTTP server for the remote-source tests: serves a directory, honours ``Range``,
+counts the bytes it sends per client (the ``X-Client`` request header), and misbehaves on demand.
+
+Run as a script (``python tests/http_server.py DIR``) it prints its URL and serves until killed;
+the multi-host test uses that, and reads the counts from ``GET /_stats``.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import pathlib
+import re
+import sys
+import threading
+import time
+from typing import Any
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+  server: Server
+  protocol_version = "HTTP/1.1"
+
+  def log_message(self, *args: Any) -> None:  # quiet
+    pass
+
+  def _file(self) -> pathlib.Path | None:
+    path = (self.server.root / self.path.split("?")[0].lstrip("/")).resolve()
+    if self.server.root not in path.parents or not path.is_file():
+      return None
+    return path
+
+  def do_HEAD(self) -> None:
+    self._serve(body=False)
+
+  def do_GET(self) -> None:
+    if self.path == "/_stats":
+      data = json.dumps(self.server.stats()).encode()
+      self.send_response(200)
+      self.send_header("Content-Length", str(len(data)))
+      self.end_headers()
+      self.wfile.write(data)
+      return
+    self._serve(body=True)
+
+  def _serve(self, body: bool) -> None:
+    s = self.server
+    if s.slow:
+      time.sleep(s.slow)
+    path = self._file()
+    if path is None:
+      self.send_response(404)
+      self.send_header("Content-Length", "0")
+      self.end_headers()
+      return
+    size = path.stat().st_size
+    start, end = 0, size
+    ranged = False
+    match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+    if match and not s.ignore_range:
+      start = int(match.group(1))
+      end = min(size, int(match.group(2)) + 1) if match.group(2) else size
+      ranged = True
+    self.send_response(206 if ranged else 200)
+    self.send_header("Accept-Ranges", "none" if s.ignore_range else "bytes")
+    self.send_header("Content-Length", str(end - start))
+    if ranged:
+      self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+    self.end_headers()
+    if not body:
+      return
+    with s.lock:
+      s.requests.append((self.headers.get("X-Client", "-"), path.name, start, end))
+      drop = s.drop_next > 0 and end - start > 16
+      if drop:
+        s.drop_next -= 1
+    with open(path, "rb") as f:
+      f.seek(start)
+      want = end - start
+      if drop:  # half the body, then the connection goes away
+        want //= 2
+      sent = 0
+      while sent < want:
+        chunk = f.read(min(1 << 20, want - sent))
+        self.wfile.write(chunk)
+        sent += len(chunk)
+    with s.lock:
+      client = self.headers.get("X-Client", "-")
+      s.sent[client] = s.sent.get(client, 0) + sent
+    if drop:
+      self.wfile.flush()
+      self.close_connection = True
+      self.connection.shutdown(2)
+
+
+class Server(http.server.ThreadingHTTPServer):
+  daemon_threads = True
+
+  def __init__(self, root: str | os.PathLike[str], port: int = 0):
+    super().__init__(("127.0.0.1", port), Handler)
+    self.root = pathlib.Path(root).resolve()
+    self.lock = threading.Lock()
+    self.sent: dict[str, int] = {}
+    self.requests: list[tuple[str, str, int, int]] = []
+    self.ignore_range = False
+    self.drop_next = 0
+    self.slow = 0.0
+
+  def handle_error(self, request: Any, client_address: Any) -> None:
+    pass  # a client that hangs up (a timeout test) is not a server error
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.server_address[1]}"
+
+  def stats(self) -> dict[str, Any]:
+    with self.lock:
+      return {"sent": dict(self.sent), "requests": len(self.requests)}
+
+  def start(self) -> Server:
+    threading.Thread(target=self.serve_forever, daemon=True).start()
+    return self
+
+
+if __name__ == "__main__":
+  server = Server(sys.argv[1])
+  print(server.url, flush=True)
+  server.serve_forever()

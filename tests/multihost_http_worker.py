@@ -1,0 +1,57 @@
+"""One process of the two-process HTTP test (tests/test_remote.py); not collected by pytest.
+
+argv: process_id port url out.json. Each process restores a row-sharded target (8 devices, 4 per
+process) from a safetensors file served over HTTP, and must fetch only its own rows.
+"""
+
+import json
+import os
+import sys
+import urllib.request
+
+process_id, port, url, out_path = sys.argv[1:5]
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+
+from paramreg_jax._src.devices import use_cpu_devices  # noqa: E402
+
+use_cpu_devices(4)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(
+  coordinator_address=f"127.0.0.1:{port}",
+  num_processes=2,
+  process_id=int(process_id),
+  initialization_timeout=60,
+)
+
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import paramreg_jax as prj  # noqa: E402
+
+client = f"process-{process_id}"
+src = prj.SafetensorsSource(url, storage_options={"headers": {"X-Client": client}})
+server = url.split("/ckpt")[0]
+header_bytes = json.load(urllib.request.urlopen(f"{server}/_stats"))["sent"].get(client, 0)
+mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(8), ("x",))
+rows = NamedSharding(mesh, P("x", None))
+target = {
+  key.replace(".", "_"): jax.ShapeDtypeStruct(src.metadata(key).shape, np.float32, sharding=rows)
+  for key in src.keys()
+}
+params = prj.restore(target, src, rename=[(r"(.*)\.(.*)\.(.*)", r"\1_\2_\3")])
+# the values the test wrote (tests/test_remote.py: seed 0, layers.0 ... layers.N-1 in order)
+rng = np.random.default_rng(0)
+count = len(src.keys())
+shape = src.metadata("layers.0.weight").shape
+written = {f"layers_{i}_weight": rng.standard_normal(shape, dtype=np.float32) for i in range(count)}
+checked = 0
+for name, arr in params.items():
+  for shard in arr.addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), written[name][shard.index])
+    checked += 1
+with open(out_path, "w") as f:
+  json.dump({"header_bytes": header_bytes, "checked": checked}, f)
+jax.distributed.shutdown()
