@@ -34,7 +34,7 @@ class Full:
     (2, 3)
   """
 
-  def apply_shape(self, shape: tuple[int, ...], *, where: str) -> tuple[int, ...]:
+  def apply_shape(self, shape: tuple[int, ...], *, where: object) -> tuple[int, ...]:
     del where
     return tuple(shape)
 
@@ -66,7 +66,7 @@ class Range:
         "below stop"
       )
 
-  def apply_shape(self, shape: tuple[int, ...], *, where: str) -> tuple[int, ...]:
+  def apply_shape(self, shape: tuple[int, ...], *, where: object) -> tuple[int, ...]:
     _check_axis(self.axis, shape, where, self)
     if self.stop > shape[self.axis]:
       raise errors.InvalidRangeError(
@@ -104,7 +104,7 @@ class Indices:
         f"Indices(axis={self.axis}) selects nothing: give >= 1 index"
       )
 
-  def apply_shape(self, shape: tuple[int, ...], *, where: str) -> tuple[int, ...]:
+  def apply_shape(self, shape: tuple[int, ...], *, where: object) -> tuple[int, ...]:
     _check_axis(self.axis, shape, where, self)
     bad = [i for i in self.indices if i >= shape[self.axis]]
     if bad:
@@ -124,7 +124,7 @@ class Indices:
 Selection = Full | Range | Indices
 
 
-def _check_axis(axis: int, shape: tuple[int, ...], where: str, sel: Any) -> None:
+def _check_axis(axis: int, shape: tuple[int, ...], where: object, sel: Any) -> None:
   if axis >= len(shape):
     raise errors.InvalidSelectionAxisError(
       f"{where}: {sel} selects axis {axis}, but the tensor has rank {len(shape)} "

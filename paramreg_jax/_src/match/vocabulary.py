@@ -10,6 +10,7 @@ a new architecture's names are a few lines here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 # --- names -> concepts ----------------------------------------------------------------------
@@ -126,6 +127,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed")},
 }
 
+_SEPARATORS = re.compile(r"[./]")
 _CONTAINER_INDEX = re.compile(r"^(layers|layer|h|block|blocks)_(\d+)$")  # linen: layers_3
 
 
@@ -137,6 +139,8 @@ _T5_ROLES = {"encoder": ("attn", "mlp"), "decoder": ("attn", "xattn", "mlp")}
 def _t5_sublayer(name: str) -> str:
   """``encoder.block.3.layer.1.layer_norm`` -> ``encoder.block.3.mlp_norm`` (T5's sublayer
   number is a role, not a layer)."""
+  if "block." not in name:
+    return name
   m = _T5_SUBLAYER.search(name)
   if not m:
     return name
@@ -148,6 +152,72 @@ def _t5_sublayer(name: str) -> str:
   if rest.startswith("layer_norm."):
     rest = f"{role}_norm." + rest[len("layer_norm.") :]
   return head + rest
+
+
+@functools.lru_cache(maxsize=65536)
+def _words(
+  shape: tuple[str, ...], noise: frozenset[str]
+) -> tuple[frozenset[str], str, tuple[tuple[int, int | None], ...]]:
+  """Tokens, kind and where the indices are (``(word position, None)`` for a number,
+  ``(position, 2)`` inside ``layers_3``) of a name whose numbers are ``#``. Cached: the 50,000
+  keys of an MoE checkpoint share a handful of shapes."""
+  parts: list[str] = []
+  where: list[tuple[int, int | None]] = []
+  for n, raw in enumerate(shape):
+    word = raw.lower()
+    if n == 0 and word in noise:
+      continue
+    m = _CONTAINER_INDEX.match(word) if "_" in word else None
+    if m:
+      parts.append(m.group(1))
+      where.append((n, 2))
+    elif word == "#":
+      where.append((n, None))
+    elif word:
+      parts.append(word)
+  tokens, kind = _fold(tuple(parts), bool(where))
+  return tokens, kind, tuple(where)
+
+
+_BY_FIRST: dict[str, tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {}
+for _phrase, _meaning in _PHRASES:  # phrases by their first word, in the table's order
+  _BY_FIRST[_phrase[0]] = (*_BY_FIRST.get(_phrase[0], ()), (_phrase, _meaning))
+del _phrase, _meaning
+
+
+@functools.lru_cache(maxsize=65536)
+def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str]:
+  """The tokens and kind of a name's words (without its numbers). Cached: the 50,000 keys of
+  an MoE checkpoint differ only in their layer and expert numbers."""
+  i, folded = 0, list[str]()
+  while i < len(parts):
+    for phrase, meaning in _BY_FIRST.get(parts[i], ()):
+      if parts[i : i + len(phrase)] == phrase:
+        folded.extend(meaning)
+        i += len(phrase)
+        break
+    else:
+      folded.append(parts[i])
+      i += 1
+  tokens: list[str] = []
+  for word in folded:
+    if word in _WORDS:
+      tokens.extend(_WORDS[word])
+    elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
+      tokens.append(word)
+    else:  # attn_out, type_embed, proj_0: fold each part
+      tokens.extend(t for sub in word.split("_") if sub for t in _WORDS.get(sub, (sub,)))
+  kinds = [t for t in tokens if t in ("w", "b")]
+  kind = kinds[-1] if kinds else "w"
+  if not kinds:
+    tokens.append("w")  # wq, embed, lm_head: a leaf without a kind suffix is a weight
+  if not indexed and set(tokens) <= {"norm", "w", "b"} and "norm" in tokens:
+    tokens.append("final")  # model.norm.weight: the final norm
+  if not indexed and set(tokens) - {"w", "b"} == {"output"}:
+    tokens = [("head" if t == "output" else t) for t in tokens]  # Meta: output.weight
+  if indexed and "final" in tokens and "norm" in tokens:
+    tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
+  return frozenset(tokens), kind
 
 
 def known(word: str) -> bool:
@@ -183,47 +253,11 @@ def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
     >>> sorted(concepts("layers_3/attn/q/kernel").tokens) == sorted(c.tokens)
     True
   """
-  parts: list[str] = []
-  indices: list[int] = []
   name = _t5_sublayer(name)
-  for n, raw in enumerate(re.split(r"[./]", name.strip("./"))):
-    word = raw.lower()
-    if n == 0 and word in noise:
-      continue
-    m = _CONTAINER_INDEX.match(word)
-    if m:
-      parts.append(m.group(1))
-      indices.append(int(m.group(2)))
-    elif word.isdigit():
-      indices.append(int(word))
-    elif word:
-      parts.append(word)
-  i, folded = 0, list[str]()
-  while i < len(parts):
-    for phrase, meaning in _PHRASES:
-      if tuple(parts[i : i + len(phrase)]) == phrase:
-        folded.extend(meaning)
-        i += len(phrase)
-        break
-    else:
-      folded.append(parts[i])
-      i += 1
-  tokens: list[str] = []
-  for word in folded:
-    if word in _WORDS:
-      tokens.extend(_WORDS[word])
-    elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
-      tokens.append(word)
-    else:  # attn_out, type_embed, proj_0: fold each part
-      tokens.extend(t for sub in word.split("_") if sub for t in _WORDS.get(sub, (sub,)))
-  kinds = [t for t in tokens if t in ("w", "b")]
-  kind = kinds[-1] if kinds else "w"
-  if not kinds:
-    tokens.append("w")  # wq, embed, lm_head: a leaf without a kind suffix is a weight
-  if not indices and set(tokens) <= {"norm", "w", "b"} and "norm" in tokens:
-    tokens.append("final")  # model.norm.weight: the final norm
-  if not indices and set(tokens) - {"w", "b"} == {"output"}:
-    tokens = [("head" if t == "output" else t) for t in tokens]  # Meta: output.weight
-  if indices and "final" in tokens and "norm" in tokens:
-    tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
-  return Concepts(name, frozenset(tokens), tuple(indices), kind)
+  words = _SEPARATORS.split(name.strip("./"))
+  tokens, kind, where = _words(tuple("#" if w.isdigit() else w for w in words), noise)
+  indices = [
+    int(words[i]) if group is None else int(_CONTAINER_INDEX.match(words[i].lower()).group(2))  # type: ignore[union-attr]
+    for i, group in where
+  ]
+  return Concepts(name, tokens, tuple(indices), kind)

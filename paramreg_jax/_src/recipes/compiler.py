@@ -79,6 +79,12 @@ def infer_all(recipe: ops.Recipe, source: Any) -> Metas:
   """Metadata of every node of ``recipe`` (by ``id``), for :func:`compile_shard`; reads nothing."""
   memo: Metas = {}
   ops._infer(ops._check_recipe(recipe, "recipe"), source, memo)
+  stack: list[ops.Recipe] = [recipe]
+  while stack:  # nodes below a cached inference are not in the memo yet
+    node = stack.pop()
+    if id(node) not in memo:
+      ops._infer(node, source, memo)
+    stack.extend(node.children())
   return memo
 
 

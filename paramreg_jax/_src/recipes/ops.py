@@ -51,7 +51,10 @@ SUPPORTED_DTYPES = frozenset(
 )
 
 
-def check_dtype(dtype: Any, where: str) -> np.dtype:
+def check_dtype(dtype: Any, where: Any) -> np.dtype:
+  """``where`` (formatted only on an error) names the node."""
+  if isinstance(dtype, np.dtype) and dtype in SUPPORTED_DTYPES:
+    return dtype
   try:
     dt = np.dtype(dtype)
   except TypeError:
@@ -371,14 +374,27 @@ def source_keys(recipe: Recipe) -> tuple[str, ...]:
     >>> recipes.source_keys(r)
     ('a', 'b')
   """
+  recipe = _check_recipe(recipe, "recipe")
+  hit = _KEYS.get(id(recipe))
+  if hit is not None and hit[0] is recipe:
+    return hit[1]
   out: set[str] = set()
-  stack_: list[Recipe] = [_check_recipe(recipe, "recipe")]
+  stack_: list[Recipe] = [recipe]
   while stack_:
     node = stack_.pop()
     if isinstance(node, Source):
       out.add(node.key)
     stack_.extend(node.children())
-  return tuple(sorted(out))
+  keys = tuple(sorted(out))
+  if len(_KEYS) > 4096:
+    _KEYS.clear()
+  _KEYS[id(recipe)] = (recipe, keys)
+  return keys
+
+
+# source_keys of the latest large recipes (a stacked MoE parameter has 16,000 sources, and the
+# plan asks for its keys several times); each entry holds its recipe, so ids are not reused.
+_KEYS: dict[int, tuple[Recipe, tuple[str, ...]]] = {}
 
 
 # --- inference ----------------------------------------------------------------------------
@@ -414,11 +430,36 @@ def _infer(
   hit = memo.get(id(node))
   if hit is not None:
     return hit
+  cache = _known(src)
+  if cache is not None:
+    entry = cache.get(id(node))
+    if entry is not None and entry[0] is node:
+      memo[id(node)] = entry[1]
+      return entry[1]
   meta = _infer_node(node, src, memo)
   if any(d == 0 for d in meta.shape) or meta.nbytes == 0:
     raise errors.ZeroSizedOutputError(f"{node}: produces {meta.shape}, zero bytes; nothing to load")
   memo[id(node)] = meta
+  if cache is not None:
+    if len(cache) > _KNOWN_LIMIT:
+      cache.clear()
+    cache[id(node)] = (node, meta)
   return meta
+
+
+_KNOWN_LIMIT = 1_000_000
+
+
+def _known(src: Any) -> dict[int, tuple[Recipe, source_lib.TensorMetadata]] | None:
+  """What was inferred against ``src`` (one of our sources: its catalog never changes), by
+  recipe node; each entry holds its node, so an id is never reused while it is cached. ``match``
+  infers a proposal, checks it with a plan, and the restore plans it again: each node once."""
+  if not isinstance(src, source_lib.BaseSource):
+    return None
+  cache = src.__dict__.get("_inferred")
+  if cache is None:
+    cache = src.__dict__["_inferred"] = {}
+  return cache
 
 
 def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.TensorMetadata:
@@ -431,14 +472,14 @@ def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.Tens
         + errors.did_you_mean(node.key, src.keys())
       )
     stored = source_lib.metadata_of(src, node.key)
-    check_dtype(stored.dtype, str(node))
-    return source_lib.TensorMetadata(
-      node.selection.apply_shape(stored.shape, where=str(node)), stored.dtype
+    check_dtype(stored.dtype, node)
+    return source_lib.TensorMetadata.of(
+      node.selection.apply_shape(stored.shape, where=node), np.dtype(stored.dtype)
     )
   inputs = [_infer(c, src, memo) for c in node.children()]
   if isinstance(node, Select):
     (m,) = inputs
-    return source_lib.TensorMetadata(node.selection.apply_shape(m.shape, where=str(node)), m.dtype)
+    return source_lib.TensorMetadata.of(node.selection.apply_shape(m.shape, where=node), m.dtype)
   if isinstance(node, (Concatenate, Stack)):
     stacking = isinstance(node, Stack)
     if not inputs:
@@ -476,7 +517,7 @@ def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.Tens
         sum(m.shape[node.axis] for m in inputs) if i == node.axis else d
         for i, d in enumerate(first)
       )
-    return source_lib.TensorMetadata(shape, inputs[0].dtype)
+    return source_lib.TensorMetadata.of(shape, inputs[0].dtype)
   (m,) = inputs
   if isinstance(node, Reshape):
     if math.prod(node.shape) != math.prod(m.shape):
@@ -484,15 +525,15 @@ def _infer_node(node: Recipe, src: Any, memo: dict[int, Any]) -> source_lib.Tens
         f"{node}: input {m.shape} has {math.prod(m.shape)} elements, {node.shape} has "
         f"{math.prod(node.shape)}"
       )
-    return source_lib.TensorMetadata(node.shape, m.dtype)
+    return source_lib.TensorMetadata.of(tuple(node.shape), m.dtype)
   if isinstance(node, Transpose):
     if sorted(node.axes) != list(range(len(m.shape))):
       raise errors.InvalidPermutationError(
         f"{node}: axes {node.axes} are not a permutation of 0..{len(m.shape) - 1} (input {m.shape})"
       )
-    return source_lib.TensorMetadata(tuple(m.shape[a] for a in node.axes), m.dtype)
+    return source_lib.TensorMetadata.of(tuple(m.shape[a] for a in node.axes), m.dtype)
   if isinstance(node, Cast):
-    return source_lib.TensorMetadata(m.shape, check_dtype(node.dtype, str(node)))
+    return source_lib.TensorMetadata.of(m.shape, check_dtype(node.dtype, node))
   if isinstance(node, View):
     out = source_lib.TensorMetadata(node.shape, check_dtype(node.dtype, str(node)))
     if out.nbytes != m.nbytes:
