@@ -161,6 +161,14 @@ def test_a_connection_dropped_mid_body_is_retried_and_succeeds(served, devices):
     )
 
 
+def test_a_closed_remote_source_refuses_to_read(served):
+  server, tensors, _ = served
+  with remote(server) as src:
+    np.testing.assert_array_equal(src.lease("layers.0.weight").read(), tensors["layers.0.weight"])
+  with pytest.raises(SourceIOError, match="the source was closed"):
+    src.lease("layers.0.weight").read()
+
+
 def test_a_404_names_the_url(served):
   server, _, _ = served
   url = f"{server.url}/nowhere/model.safetensors"

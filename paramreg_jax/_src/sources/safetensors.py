@@ -467,6 +467,9 @@ class SafetensorsSource(source_lib.BaseSource):
     """
     for f in {id(f): f for f in self._where.values()}.values():
       f.close()
+    executor = self.__dict__.pop("_executor", None)
+    if executor is not None:  # the threads that read a URL's ranges
+      executor.shutdown(wait=False)
 
   def __enter__(self) -> SafetensorsSource:
     return self

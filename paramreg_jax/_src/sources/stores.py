@@ -127,6 +127,7 @@ class RemoteFile:
     self.timeout = timeout
     self.fs, self.path = filesystem(url, options, timeout)
     self.http = url.split("://", 1)[0] in ("http", "https")
+    self.closed = False
     self._size = -1
     try:
       if self.http:  # the first range request also says the size (Content-Range: .../size)
@@ -149,6 +150,8 @@ class RemoteFile:
     return self._retrying(lambda: self._get(offset, end), f"bytes {offset}:{end}")
 
   def pread_into(self, array: np.ndarray, offset: int, what: str) -> None:
+    if self.closed:
+      raise errors.SourceIOError(f"{self.name}: the source was closed; open it again to read")
     assert array.flags.c_contiguous
     out = array.reshape(-1).view(np.uint8)
     want = out.size
@@ -223,7 +226,7 @@ class RemoteFile:
     raise AssertionError("unreachable")
 
   def close(self) -> None:
-    pass
+    self.closed = True
 
 
 def _is_timeout(e: BaseException) -> bool:
