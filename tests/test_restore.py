@@ -725,3 +725,35 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
     assert len(window.tasks) == n and window.nbytes == 0  # CPU hand-offs: restored memory
     seconds[n] = best
   assert seconds[4000] < 8 * seconds[1000], seconds
+
+
+def test_the_cycle_collector_is_paused_only_while_weights_are_built():
+  """``materialize`` pauses Python's cycle collector (allocation-heavy) and leaves it as it
+  found it, also when the restore fails."""
+  import gc
+
+  src = prj.MemorySource({"w": np.ones((2, 2), np.float32)})
+  plan = prj.plan_restore({"w": jax.ShapeDtypeStruct((2, 2), np.float32)}, src)
+  seen = []
+
+  class Watching(prj.JaxBackend):
+    def materialize_all(self, source, requests):
+      seen.append(gc.isenabled())
+      return super().materialize_all(source, requests)
+
+  class Failing(prj.JaxBackend):
+    def materialize_all(self, source, requests):
+      raise OSError("disk gone")
+
+  assert gc.isenabled()
+  prj.materialize(plan, backend=Watching())
+  assert seen == [False] and gc.isenabled()
+  with pytest.raises(prj.MaterializationError, match="disk gone"):
+    prj.materialize(plan, backend=Failing())
+  assert gc.isenabled()
+  gc.disable()
+  try:
+    prj.materialize(plan)
+    assert not gc.isenabled()  # a caller's choice is kept
+  finally:
+    gc.enable()

@@ -9,6 +9,7 @@ returns a new tree by functional replacement, so publication is all or nothing.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
@@ -77,6 +78,21 @@ def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[i
     bar.close()
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+  """Python's cycle collector paused while weights are built: every task, program and array
+  the restore allocates would otherwise trigger generation scans of the whole heap (10,000 small
+  tensors: 1.5-2.0 s with it, 1.2 s without). Reference counting still frees everything; the
+  collector resumes, as it was, when the restore ends (also on an error)."""
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
+
+
 def _recipe_of(entry: plan_lib.PlanEntry) -> ops.Recipe:
   """A plan entry's recipe; a direct entry is ``source(key)``."""
   if entry.kind == "direct" or entry.recipe is None:
@@ -131,7 +147,7 @@ def materialize(
   owners = [e for e in plan.entries if e.kind != "alias"]
   weights: dict[str, Any] = {}
   key = None
-  with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes:
+  with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes, _no_cyclic_gc():
     base = backend_lib.MaterializationContext(
       "", (), jax.numpy.float32, target_lib.default_sharding(), max_inflight_bytes, on_bytes
     )
