@@ -207,7 +207,10 @@ class CheckpointSource(Protocol):
 
 class BaseSource:
   """Shared machinery: key checks, leases and read accounting. Subclasses implement
-  ``keys()``, ``metadata(key)`` (from their catalog) and ``_read(key, region)``."""
+  ``keys()``, ``metadata(key)`` (from their catalog) and ``_read(key, region)``.
+
+  A catalog must not change once the source exists: key lookups and recipe inference are
+  cached per source (a checkpoint that changes is a new source)."""
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
