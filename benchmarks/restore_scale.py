@@ -101,6 +101,10 @@ rng = np.random.default_rng(0)
 save_file({{f"t{{i:05d}}": rng.standard_normal({shape!r}, dtype=np.float32) for i in range({count})}}, {path!r})
 """
   subprocess.run([sys.executable, "-c", code], check=True)
+  # on disk before anything is timed: otherwise the kernel writes the fresh file back while the
+  # first measured case reads it (that case ran up to 2x slower than in the same run later)
+  with open(path, "rb") as f:
+    os.fsync(f.fileno())
 
 
 def measure(path: str, transpose: bool, baseline: bool | str = False, single: bool = False) -> dict:

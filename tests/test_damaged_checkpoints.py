@@ -47,12 +47,19 @@ class TruncatingSource(SafetensorsSource):
     super().__init__(path)
     self.after, self.keep, self.done = after, keep, 0
 
-  def _read(self, key, region):
+  def _read(self, key, region):  # a read of one region (recipes, large tensors)
     out = super()._read(key, region)
+    self._count()
+    return out
+
+  def _pread(self, f, out, offset, key):  # a read of adjacent small tensors (read_stacked)
+    super()._pread(f, out, offset, key)
+    self._count()
+
+  def _count(self):
     self.done += 1
     if self.done == self.after:
       os.truncate(self.path, self.keep)
-    return out
 
 
 def file_order(path):
@@ -60,18 +67,44 @@ def file_order(path):
   return sorted(src.keys(), key=lambda k: src._where[k].entries[k][1])
 
 
-def test_a_file_truncated_mid_restore_names_the_tensor_that_is_cut(tmp_path):
+@pytest.mark.parametrize(
+  "how",
+  [
+    {"backend": prj.JaxBackend(whole_bytes=0)},  # tensor by tensor
+    {"max_inflight_bytes": 8192},  # small tensors read stacked, one per chunk
+  ],
+  ids=["by-region", "stacked"],
+)
+def test_a_file_truncated_mid_restore_names_the_tensor_that_is_cut(tmp_path, how):
   path = tmp_path / "m.safetensors"
   save_file(dict(TENSORS), str(path))
   last = file_order(path)[-1]
   tree = target()
   src = TruncatingSource(path, after=1, keep=path.stat().st_size - 100)
   with pytest.raises(prj.MaterializationError) as info:
-    prj.restore(tree, src)
+    prj.restore(tree, src, **how)
   assert info.value.key == f"n:{last}"  # the tensor whose bytes are gone, not the batch's first
   message = str(info.value)
   assert message.startswith(f"n:{last}: ") and f"'{last}' needs bytes up to" in message
   assert "truncated after it was opened?" in message and "the target is untouched" in message
+  untouched(tree)
+
+
+def test_a_run_of_adjacent_tensors_cut_short_names_the_tensor_whose_bytes_are_gone(tmp_path):
+  # read stacked, the five tensors are one read; when it comes up short, the error still names
+  # the tensor that is cut, not the first of the run
+  path = tmp_path / "m.safetensors"
+  save_file(dict(TENSORS), str(path))
+  last = file_order(path)[-1]
+  src = SafetensorsSource(path)
+  os.truncate(path, path.stat().st_size - 100)
+  tree = target()
+  with pytest.raises(prj.MaterializationError) as info:
+    prj.restore(tree, src)
+  assert info.value.key == f"n:{last}"
+  assert str(info.value).startswith(f"n:{last}: ") and f"'{last}' needs bytes up to" in str(
+    info.value
+  )
   untouched(tree)
 
 

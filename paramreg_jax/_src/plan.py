@@ -275,10 +275,29 @@ def plan_restore(
     >>> src.stats.reads
     0
   """
+  check_arguments(source, dtype_policy)
+  _, _, slots = target_lib.slots(target)
+  return plan_slots(slots, source, recipes, aliases, rename, exclude, dtype_policy)
+
+
+def check_arguments(source: Any, dtype_policy: Any) -> None:
+  """The checks :func:`plan_restore` makes before it looks at the target."""
   source_lib.check_source(source, "plan_restore")
   if dtype_policy not in ("exact", "cast"):
     raise ValueError(f"dtype_policy must be 'exact' or 'cast', got {dtype_policy!r}")
-  _, _, slots = target_lib.slots(target)
+
+
+def plan_slots(
+  slots: list[target_lib.Slot],
+  source: Any,
+  recipes: Any,
+  aliases: Any,
+  rename: Any,
+  exclude: Any,
+  dtype_policy: api_types.DtypePolicy,
+) -> RestorePlan:
+  """:func:`plan_restore` of a target already flattened into ``slots`` (``restore`` flattens
+  once for the plan and the bind)."""
   recipe_map, splits, set_aliases = _recipes(recipes)
   if aliases is not None and not isinstance(aliases, Mapping):
     raise errors.AliasError(f"aliases must be a mapping alias -> owner name, got {aliases!r:.60}")

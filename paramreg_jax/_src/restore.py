@@ -167,9 +167,19 @@ def materialize(
             if entry.kind == "direct"
             else backend.materialize_recipe(entry.recipe, plan.source, context)
           )
-      for entry, m in zip(owners, built):
-        key = entry.key
-        weights[entry.key] = backend.finish_materialization(m)
+      done = None
+      finish_all = getattr(backend, "finish_all", None)
+      if finish_all is not None:  # one wait for the whole unit
+        try:
+          done = finish_all(list(built))
+        except Exception:
+          done = None  # waited for again weight by weight below, naming the one that fails
+      if done is not None:
+        weights.update(zip((e.key for e in owners), done))
+      else:
+        for entry, m in zip(owners, built):
+          key = entry.key
+          weights[entry.key] = backend.finish_materialization(m)
       for entry in plan.entries:
         if entry.kind == "alias":
           key = entry.key
@@ -232,12 +242,24 @@ def bind(
     >>> new["w"].tolist(), target["w"].tolist()
     ([1.0, 1.0], [0.0, 0.0])
   """
-  backend = backend_lib.JaxBackend() if backend is None else backend
-  excluded = plan_lib._matcher(exclude)
   try:
     leaves, treedef, slots = target_lib.slots(target)
   except errors.KeyCollisionError as e:
     raise errors.BindError(f"the target has duplicate parameter names: {e}", (str(e),)) from None
+  return _bind(leaves, treedef, slots, unit, exclude, backend)
+
+
+def _bind(
+  leaves: list[Any],
+  treedef: Any,
+  slots: list[target_lib.Slot],
+  unit: Mapping[str, Any],
+  exclude: api_types.Exclude | None,
+  backend: backend_lib.ParameterBackend | None,
+) -> api_types.PyTree:
+  """:func:`bind` of a target already flattened (``restore`` flattens once)."""
+  backend = backend_lib.JaxBackend() if backend is None else backend
+  excluded = plan_lib._matcher(exclude)
   problems: list[str] = []
   wanted = {}
   for slot in slots:
@@ -301,16 +323,11 @@ def restore(
     >>> params["dense"]["kernel"].shape
     (2, 3)
   """
-  plan = plan_lib.plan_restore(
-    target,
-    source,
-    recipes=recipes,
-    aliases=aliases,
-    rename=rename,
-    exclude=exclude,
-    dtype_policy=dtype_policy,
-  )
-  unit = materialize(
-    plan, backend=backend, max_inflight_bytes=max_inflight_bytes, progress=progress
-  )
-  return bind(target, unit, exclude=exclude, backend=backend)
+  plan_lib.check_arguments(source, dtype_policy)
+  with _no_cyclic_gc():
+    leaves, treedef, slots = target_lib.slots(target)  # once, for the plan and the bind
+    plan = plan_lib.plan_slots(slots, source, recipes, aliases, rename, exclude, dtype_policy)
+    unit = materialize(
+      plan, backend=backend, max_inflight_bytes=max_inflight_bytes, progress=progress
+    )
+    return _bind(leaves, treedef, slots, unit, exclude, backend)

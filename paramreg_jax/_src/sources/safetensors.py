@@ -431,6 +431,64 @@ class SafetensorsSource(source_lib.BaseSource):
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     return self._where[key].read(key, region)
 
+  @property
+  def remote(self) -> bool:  # type: ignore[override]
+    """Whether the checkpoint is read from a URL."""
+    return isinstance(self._folder, stores.RemoteFolder)
+
+  def read_stacked(self, keys: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """The whole tensors ``keys`` stacked along a new first axis: each run of them that the file
+    stores back to back, in the order asked, is one physical read (see
+    :meth:`BaseSource.read_stacked`).
+
+    Examples:
+      >>> import numpy as np, tempfile, os
+      >>> from safetensors.numpy import save_file
+      >>> from paramreg_jax.sources import SafetensorsSource
+      >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+      >>> save_file({f"e{i}": np.full(2, i, np.float32) for i in range(4)}, path)
+      >>> src = SafetensorsSource(path)
+      >>> src.read_stacked(["e0", "e1", "e2", "e3"]).tolist(), src.stats.reads
+      ([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], 1)
+    """
+    keys = list(keys)
+    shape, dtype = self.stacked_layout(keys)
+    out = source_lib.stacked_buffer(out, len(keys), shape, dtype)
+    size = source_lib.nbytes_of(shape, dtype)
+    if size == 0:
+      return out
+    where = [self._where[key] for key in keys]
+    offsets = [f.entries[key][1] for f, key in zip(where, keys)]
+    i = 0
+    while i < len(keys):
+      j = i + 1
+      while j < len(keys) and where[j] is where[i] and offsets[j] == offsets[i] + (j - i) * size:
+        j += 1
+      try:
+        self._pread(where[i], out[i:j], offsets[i], keys[i])
+      except errors.SourceIOError:
+        if j == i + 1:
+          raise
+        for k in range(i, j):  # again tensor by tensor: the error names the one that fails
+          self._pread(where[k], out[k : k + 1], offsets[k], keys[k])
+      self.count_run(size * (j - i))
+      i = j
+    return out
+
+  def _pread(self, f: _File, out: np.ndarray, offset: int, key: str) -> None:
+    """One positional read into ``out``; a failure is a ``SourceIOError`` naming ``key``."""
+    try:
+      f.store.pread_into(out, offset, repr(key))
+    except errors.SourceIOError as e:
+      if e.key is None:
+        e.key = key
+      raise
+    except (OSError, ValueError, RuntimeError) as e:
+      raise self.read_failed(key, sel_lib.full_region(out.shape[1:]), e) from e
+    except KeyboardInterrupt as e:
+      e.paramreg_source_key = key  # type: ignore[attr-defined]
+      raise
+
   def start_reads(self, requests: Any) -> Any:
     """Local files read when finished (positional reads are synchronous); at a URL every read
     of the window is in flight at once (the window's budget bounds them)."""
