@@ -95,6 +95,30 @@ def test_tensors_the_target_does_not_need_are_never_fetched(served, devices):
   assert 2 * ROWS * COLS * 4 <= sent <= 1.1 * 2 * ROWS * COLS * 4
 
 
+def test_many_small_tensors_at_a_url_are_fetched_in_a_few_range_requests(tmp_path, devices):
+  tensors = {f"experts.{i:04d}.w": np.full((16, 16), i, np.float32) for i in range(600)}
+  (tmp_path / "moe").mkdir()
+  save_file(tensors, tmp_path / "moe" / "model.safetensors")
+  server = Server(tmp_path).start()
+  try:
+    src = remote(server, "moe")
+    assert src.remote
+    before = server.stats()
+    grid = NamedSharding(jax.make_mesh((4, 2), ("x", "y")), P("x", "y"))
+    target = {k: jax.ShapeDtypeStruct((16, 16), np.float32, sharding=grid) for k in tensors}
+    # read ahead by a thread, in chunks of a quarter of the budget: 16 KiB = 16 tensors
+    out = prj.restore(target, src, max_inflight_bytes=64 << 10)
+    after = server.stats()
+  finally:
+    server.shutdown()
+    server.server_close()
+  for k in ("experts.0000.w", "experts.0321.w", "experts.0599.w"):
+    np.testing.assert_array_equal(np.asarray(out[k]), tensors[k])
+    assert out[k].sharding == grid
+  assert after["requests"] - before["requests"] == 600 // 16 + 1  # one per chunk of adjacent ones
+  assert after["sent"]["test"] - before["sent"]["test"] == 600 * 16 * 16 * 4
+
+
 def test_the_index_the_config_and_match_work_at_a_url(tmp_path, devices):
   server = Server(hf.DATA).start()
   try:
