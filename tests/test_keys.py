@@ -4,6 +4,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import settings
@@ -157,7 +158,14 @@ def test_paths_to_names_equals_path_to_name(tree):
 @settings(max_examples=150, deadline=None)
 @given(
   st.recursive(
-    st.one_of(st.just(1.0), st.just(None), st.builds(lambda: jnp.zeros(1))),
+    st.one_of(
+      st.just(1.0),
+      st.just(None),
+      st.just(True),
+      st.just(np.float32(2.0)),
+      st.builds(lambda: np.zeros(2)),
+      st.builds(lambda: jnp.zeros(1)),
+    ),
     lambda kids: st.one_of(
       st.dictionaries(
         st.one_of(st.text(alphabet="ab/~v", max_size=3), st.sampled_from(["value", "raw_value"])),
@@ -178,6 +186,19 @@ def test_fast_walk_equals_the_general_path_or_declines(tree):
   fast = keys_lib.fast_tree_names(tree, leaves)
   general = keys_lib.paths_to_names([p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]])
   assert fast is None or fast == general
+
+
+def test_the_fast_walk_names_tracers_inside_jit():
+  # jax's tracers are jax.Array instances without subclassing it: the walk must still take them
+  tree = {"dense": {"kernel": jnp.zeros((2, 2)), "bias": jnp.zeros(2)}, "scale": [jnp.ones(())]}
+  seen = []
+
+  def f(t):
+    seen.append(keys_lib.fast_tree_names(t, jax.tree_util.tree_leaves(t)))
+    return t
+
+  jax.jit(f)(tree)
+  assert seen == [["dense/bias", "dense/kernel", "scale/0"]]
 
 
 def test_value_and_raw_value_dict_keys_are_distinct_names():

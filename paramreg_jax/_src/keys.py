@@ -16,6 +16,7 @@ Canonical keys are ``n:<name>`` (named) and ``p:<index>`` (positional, the flatt
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -217,6 +218,18 @@ def paths_to_names(paths: Sequence[Sequence[Any]]) -> list[str]:
 
 
 _FAST_LEAVES = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct, float, int, complex)
+# whether a type is a leaf type of the walk, learnt per type from its first instance (jax's
+# tracers are jax.Array instances without subclassing it)
+_LEAF_TYPES: dict[type, bool] = {}
+
+
+def _is_leaf(node: Any) -> bool:
+  known = _LEAF_TYPES.get(type(node))
+  if known is None:
+    known = isinstance(node, _FAST_LEAVES) and not isinstance(node, bool)
+    if len(_LEAF_TYPES) < 4096:
+      _LEAF_TYPES[type(node)] = known
+  return known
 
 
 def fast_tree_names(tree: Any, leaves: Sequence[Any]) -> list[str] | None:
@@ -231,12 +244,15 @@ def fast_tree_names(tree: Any, leaves: Sequence[Any]) -> list[str] | None:
   walked: list[Any] = []
   if not _walk(tree, "", names, walked):
     return None
-  if len(walked) != len(leaves) or any(a is not b for a, b in zip(walked, leaves)):
+  if len(walked) != len(leaves) or any(map(operator.is_not, walked, leaves)):
     return None
   return names
 
 
 def _walk(node: Any, prefix: str, names: list[str], walked: list[Any]) -> bool:
+  """Appends the names and leaves under ``node``; False on anything the walk does not know.
+  A container's leaf children are handled in its loop (no call per leaf)."""
+  leaf_types = _LEAF_TYPES
   t = type(node)
   if t is dict:
     try:
@@ -250,17 +266,31 @@ def _walk(node: Any, prefix: str, names: list[str], walked: list[Any]) -> bool:
         comp = str(k)
       else:
         return False
-      if not _walk(node[k], prefix + comp + "/", names, walked):
+      child = node[k]
+      leaf = leaf_types.get(type(child))
+      if leaf is None:
+        leaf = _is_leaf(child)
+      if leaf:
+        names.append(prefix + comp)
+        walked.append(child)
+      elif not _walk(child, prefix + comp + "/", names, walked):
         return False
     return True
   if t is list or t is tuple:
     for i, child in enumerate(node):
-      if not _walk(child, prefix + (_SMALL_INTS[i] if i < 4096 else str(i)) + "/", names, walked):
+      comp = _SMALL_INTS[i] if i < 4096 else str(i)
+      leaf = leaf_types.get(type(child))
+      if leaf is None:
+        leaf = _is_leaf(child)
+      if leaf:
+        names.append(prefix + comp)
+        walked.append(child)
+      elif not _walk(child, prefix + comp + "/", names, walked):
         return False
     return True
   if node is None:
     return True
-  if isinstance(node, _FAST_LEAVES) and not isinstance(node, bool):
+  if _is_leaf(node):
     if not prefix:
       return False  # a bare root leaf: let path_to_name raise its error
     names.append(prefix[:-1])  # dicts, lists, tuples: every key is part of the name

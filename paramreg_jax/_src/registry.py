@@ -503,7 +503,7 @@ def tree_keys(
       names = tuple(keys_lib.paths_to_names([p for p, _ in flat]))
       if len(set(names)) != len(names):
         raise_collisions(names, [p for p, _ in flat])
-    result = (tuple(keys_lib.NAMED_KEY_PREFIX + n for n in names), names)
+    result = (tuple(map(keys_lib.NAMED_KEY_PREFIX.__add__, names)), names)
   with _KEY_CACHE_LOCK:
     if len(_KEY_CACHE) >= _KEY_CACHE_MAX:
       _KEY_CACHE.pop(next(iter(_KEY_CACHE)))
