@@ -451,6 +451,23 @@ def test_progress_bar(capsys):
   assert "restoring 1 tensors" in capsys.readouterr().err
 
 
+def test_the_progress_bar_counts_every_byte_on_every_path(capsys):
+  # small plain tensors (read stacked), a recipe, and a tensor above whole_bytes
+  src = MemorySource(
+    {
+      **{f"s{i}": np.ones((8, 8), np.float32) for i in range(5)},
+      "big": np.ones((256, 512), np.float32),
+    }
+  )
+  target = {f"s{i}": sds((8, 8)) for i in range(5)}
+  target["t"] = sds((8, 8))
+  target["big"] = sds((256, 512))
+  prj.restore(target, src, recipes={"t": R.transpose(R.source("s0"), (1, 0))}, progress=True)
+  err = capsys.readouterr().err
+  done, total = re.findall(r"\| *([0-9.]+[kM]?)/([0-9.]+[kM]?) \[", err)[-1]
+  assert "restoring 7 tensors" in err and done == total, err
+
+
 # --- frameworks ---------------------------------------------------------------------------------
 
 

@@ -439,10 +439,11 @@ def _materialize_direct(
 
   A chunk is one ``source.read_stacked`` (adjacent tensors: one physical read) and one
   vectorized copy into grid order; then each weight is assembled by one batched transfer.
-  Chunks hold at most a third of the budget. A local source is read in this thread: reading
-  and copying a chunk takes about 1 ms, and a reader thread would wait for the GIL while
-  this one assembles (measured: 0.1-0.45 s of such waits for 10,000 tensors). A remote
-  source (``source.remote``) is read ahead by a thread, up to three chunks.
+  A local source is read in this thread, a chunk at most half the budget (the scratch it is
+  read into, and the chunk built from it): reading and copying a chunk takes about 1 ms, and a
+  reader thread would wait for the GIL while this one assembles (measured: 0.1-0.45 s of such
+  waits for 10,000 tensors). A remote source (``source.remote``) is read ahead by a thread,
+  three chunks of a quarter of the budget each.
   """
   groups: dict[tuple[Any, ...], list[int]] = {}
   for i in direct:
@@ -489,6 +490,8 @@ def _materialize_direct(
       lay = layouts[chunk[0]]
       assert lay is not None
       context = requests[chunk[0]][1]
+      if context.on_bytes is not None:
+        context.on_bytes(len(chunk) * source_lib.nbytes_of(context.shape, context.dtype))
       make = transfer.assembler(context.shape, context.dtype, context.sharding)
       devices = lay.devices
       on_cpu = all(d.platform == "cpu" for d in devices)
@@ -513,7 +516,7 @@ def _materialize_direct(
 
 
 class _Scratch:
-  """One reusable aligned buffer (the reader thread's: chunks are read one after another)."""
+  """A reusable aligned buffer for stacked reads (chunks read one after another share one)."""
 
   def __init__(self) -> None:
     self.raw = np.empty(0, np.uint8)
@@ -533,7 +536,8 @@ def _read_chunk(
   scratch: _Scratch,
 ) -> np.ndarray:
   """The weights of ``chunk`` read stacked and copied into grid order: ``[n, *grid_shape]``,
-  each weight starting 64-byte aligned. Runs in the reader thread."""
+  each weight starting 64-byte aligned (read into ``scratch`` first, unless the stack already
+  is in grid order)."""
   keys = [requests[i][0].key for i in chunk]  # type: ignore[attr-defined]
   by_source = {k: requests[i][1].key for k, i in zip(keys, chunk)}
   context = requests[chunk[0]][1]
@@ -623,7 +627,7 @@ class _Puts:
   """Hands built shards to their devices, window by window, and assembles each weight.
 
   A weight whose shards are all built in one window becomes its global array in one batched
-  transfer (:func:`transfer.assemble`). The shards of a weight spread over several windows
+  transfer (:func:`transfer.assembler`). The shards of a weight spread over several windows
   are put on their devices as each window finishes (so no window's host buffers outlive it)
   and assembled at the end.
   """

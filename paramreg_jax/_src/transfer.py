@@ -2,7 +2,7 @@
 
 ``jax.device_put`` of one numpy array per shard pays Python dispatch per shard (about 40 µs on
 CPU), and ``jax.make_array_from_single_device_arrays`` again per weight. Restoring 10,000
-[64, 64] tensors over 8 devices is then dominated by it. :func:`assemble` hands every device's
+[64, 64] tensors over 8 devices is then dominated by it. :func:`assembler` hands every device's
 buffer of one weight to JAX's batched transfer in one call, which builds the device buffers in
 C++ (on CPU an aligned, C-contiguous buffer is adopted without a copy, as ``jax.device_put``
 does).
@@ -13,7 +13,7 @@ the host directly in *grid order*, ``[blocks..., block shape...]``: each device'
 one contiguous block of that buffer, written by one strided copy for the whole weight.
 
 The batched transfer is JAX's own (what ``jax.make_array_from_callback`` ends in), reached
-through ``jax._src``; where that is missing or its signature changed, :func:`assemble` falls back
+through ``jax._src``; where that is missing or its signature changed, :func:`assembler` falls back
 to the public ``jax.device_put`` + ``jax.make_array_from_single_device_arrays`` (set
 ``PARAMREG_PUBLIC_TRANSFER=1`` to force it). Both give the same array (tested).
 """
