@@ -70,24 +70,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
     self.end_headers()
     if not body:
       return
+    client = self.headers.get("X-Client", "-")
+    want = end - start
     with s.lock:
-      s.requests.append((self.headers.get("X-Client", "-"), path.name, start, end))
-      drop = s.drop_next > 0 and end - start > 16
+      s.requests.append((client, path.name, start, end))
+      s.pushed.append(0)
+      request = len(s.pushed) - 1
+      drop = s.drop_next > 0 and want > 16
       if drop:
         s.drop_next -= 1
+        want //= 2  # half the body, then the connection goes away
     with open(path, "rb") as f:
       f.seek(start)
-      want = end - start
-      if drop:  # half the body, then the connection goes away
-        want //= 2
       sent = 0
       while sent < want:
         chunk = f.read(min(1 << 20, want - sent))
+        with s.lock:  # counted before it is written: bytes a client has are always counted
+          s.sent[client] = s.sent.get(client, 0) + len(chunk)
+          s.pushed[request] += len(chunk)
         self.wfile.write(chunk)
         sent += len(chunk)
-    with s.lock:
-      client = self.headers.get("X-Client", "-")
-      s.sent[client] = s.sent.get(client, 0) + sent
     if drop:
       self.wfile.flush()
       self.close_connection = True
@@ -103,6 +105,7 @@ class Server(http.server.ThreadingHTTPServer):
     self.lock = threading.Lock()
     self.sent: dict[str, int] = {}
     self.requests: list[tuple[str, str, int, int]] = []
+    self.pushed: list[int] = []  # body bytes written (or being written) per request
     self.ignore_range = False
     self.drop_next = 0
     self.slow = 0.0
