@@ -95,6 +95,31 @@ def test_tensors_the_target_does_not_need_are_never_fetched(served, devices):
   assert 2 * ROWS * COLS * 4 <= sent <= 1.1 * 2 * ROWS * COLS * 4
 
 
+def test_opening_a_file_at_a_url_is_one_request_when_its_header_is_small(tmp_path):
+  (tmp_path / "ckpt").mkdir()
+  small = {f"w{i}": np.full((4, 4), i, np.float32) for i in range(8)}
+  save_file(small, tmp_path / "ckpt" / "model.safetensors")
+  (tmp_path / "wide").mkdir()  # a header of about 150 KB: more than the first 64 KiB
+  wide = {f"layer.{i:05d}.w": np.zeros(1, np.float32) for i in range(2000)}
+  save_file(wide, tmp_path / "wide" / "model.safetensors")
+  server = Server(tmp_path).start()
+  try:
+    n = len(server.requests)
+    src = remote(server, "ckpt")
+    opened = [r for r in server.requests[n:] if r[1] == "model.safetensors"]
+    assert len(opened) == 1  # the length, the header and the size from one range request
+    np.testing.assert_array_equal(src.read_stacked(["w3", "w4"])[:, 0, 0], [3, 4])
+    n = len(server.requests)
+    wide_src = remote(server, "wide")
+    opened = [r for r in server.requests[n:] if r[1] == "model.safetensors"]
+    assert len(opened) == 2  # the first 64 KiB, then the rest of the header
+    assert wide_src.metadata("layer.01999.w").shape == (1,)
+    np.testing.assert_array_equal(wide_src.read_stacked(["layer.00007.w"]), [[0.0]])
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
 def test_many_small_tensors_at_a_url_are_fetched_in_a_few_range_requests(tmp_path, devices):
   tensors = {f"experts.{i:04d}.w": np.full((16, 16), i, np.float32) for i in range(600)}
   (tmp_path / "moe").mkdir()

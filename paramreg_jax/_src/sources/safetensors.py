@@ -112,6 +112,9 @@ class _File:
     except BaseException:
       self.close()
       raise
+    drop_head = getattr(store, "drop_head", None)
+    if drop_head is not None:  # a remote object's first bytes: the header is parsed now
+      drop_head()
 
   def close(self) -> None:
     self.store.close()

@@ -118,6 +118,12 @@ def filesystem(url: str, options: dict[str, Any] | None, timeout: float) -> tupl
   return fs, url
 
 
+# what the request that opens a remote object asks for: its first 64 KiB hold the 8-byte length
+# and the JSON header of most checkpoints (a 7B model's shard: about 30 KB), so opening is one
+# request instead of three
+HEAD_BYTES = 64 << 10
+
+
 class RemoteFile:
   """An object at a URL, read by range requests."""
 
@@ -129,9 +135,10 @@ class RemoteFile:
     self.http = url.split("://", 1)[0] in ("http", "https")
     self.closed = False
     self._size = -1
+    self._head = b""  # the object's first bytes, from the request that opened it
     try:
       if self.http:  # the first range request also says the size (Content-Range: .../size)
-        self._retrying(lambda: self._http_range(0, 8), "the header")
+        self._head = self._retrying(lambda: self._http_range(0, HEAD_BYTES), "the header")
       else:
         self._size = int(self._retrying(lambda: self.fs.size(self.path), "the size"))
     except FileNotFoundError:
@@ -142,12 +149,18 @@ class RemoteFile:
     return self._size
 
   def pread(self, n: int, offset: int) -> bytes:
+    """Up to ``n`` bytes from ``offset`` (fewer at the end of the object); a safetensors header
+    that fits in the first ``HEAD_BYTES`` comes from the request that opened the object."""
     end = min(offset + n, self._size)
-    if self._size < 0:
-      raise AssertionError("size unknown")
     if end <= offset:
       return b""
+    if end <= len(self._head):
+      return self._head[offset:end]
     return self._retrying(lambda: self._get(offset, end), f"bytes {offset}:{end}")
+
+  def drop_head(self) -> None:
+    """Forgets the object's first bytes (once its header is parsed)."""
+    self._head = b""
 
   def pread_into(self, array: np.ndarray, offset: int, what: str) -> None:
     if self.closed:
