@@ -462,7 +462,7 @@ def _materialize_direct(
     source.prepare(sorted({requests[i][0].key for i in direct}))  # type: ignore[attr-defined]
   scratch = _Scratch()  # stacked reads, reused: one chunk of source bytes in flight
 
-  def read(chunk: list[int]) -> np.ndarray:
+  def read(chunk: list[int], scratch: _Scratch) -> np.ndarray:
     return _read_chunk(source, requests, chunk, layouts[chunk[0]], scratch)  # type: ignore[arg-type]
 
   reader = None
@@ -477,16 +477,12 @@ def _materialize_direct(
     for chunk in chunks:
       if reader is not None:
         while submitted < len(chunks) and len(reading) < _DEPTH:
-          ahead = chunks[submitted]  # (each with its own scratch: they are read ahead)
-          ahead_layout = layouts[ahead[0]]
-          assert ahead_layout is not None
-          reading.append(
-            reader.submit(_read_chunk, source, requests, ahead, ahead_layout, _Scratch())
-          )
+          # chunks read ahead each have their own scratch
+          reading.append(reader.submit(read, chunks[submitted], _Scratch()))
           submitted += 1
         built = reading.popleft().result()
       else:
-        built = read(chunk)
+        built = read(chunk, scratch)
       lay = layouts[chunk[0]]
       assert lay is not None
       context = requests[chunk[0]][1]
@@ -645,11 +641,14 @@ class _Puts:
   ) -> list[jax.Array]:
     """Puts a built window on its devices once the previous window's transfers finished, so
     at most one window of host buffers waits on transfers; returns this window's arrays."""
-    hosts: dict[int, dict[Any, np.ndarray]] = {}
+    hosts: dict[int, dict[Any, np.ndarray]] = {}  # weight -> {device: its host buffer}
     for task, build in zip(window.tasks, builds):
       host = build if isinstance(build, np.ndarray) else build.result()
-      if task.whole is not None:
-        hosts[task.weight] = {None: host}
+      if task.whole is not None:  # built whole: in grid order when it has a grid of blocks
+        grid = _grid_of(task)
+        lay = grid or transfer.layout(task.whole, task.program.shape)
+        buffers = lay.shards(host) if grid is not None else lay.views(host)
+        hosts[task.weight] = dict(zip(lay.devices, buffers))
       else:
         hosts.setdefault(task.weight, {}).update(dict.fromkeys(task.devices, host))
       self.remaining[task.weight] -= 1
@@ -667,13 +666,8 @@ class _Puts:
           spread_owners.append(weight)
         continue
       lay = transfer.layout(context.sharding, context.shape)
-      if None in by_device:  # built whole: in grid order when it has a grid of blocks
-        whole = by_device[None]
-        buffers = lay.views(whole) if whole.shape == tuple(context.shape) else lay.shards(whole)
-      else:
-        buffers = [by_device[d] for d in lay.devices]
       make = transfer.assembler(context.shape, context.dtype, context.sharding)
-      array = make(lay.devices, buffers)
+      array = make(lay.devices, [by_device[d] for d in lay.devices])
       self.arrays[weight] = array
       out.append(array)
     if spread_hosts:

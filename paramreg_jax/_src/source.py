@@ -8,6 +8,7 @@ counted in ``source.stats`` so tests and benchmarks can assert what was touched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -15,6 +16,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 from typing import Protocol
@@ -291,8 +293,18 @@ class BaseSource:
 
   def read_region(self, key: str, region: sel_lib.Region) -> np.ndarray:
     """One physical read of ``region`` of ``key`` (counted in ``stats``)."""
-    try:
+    with self.reading(key, region):
       out = self._read(key, region)
+    self.count_read(key, region)
+    return out
+
+  @contextlib.contextmanager
+  def reading(self, key: str, region: sel_lib.Region) -> Iterator[None]:
+    """Names ``key`` in whatever a read of ``region`` of it raises: an I/O or decoding error
+    becomes the ``SourceIOError`` of :meth:`read_failed`, a ``SourceIOError`` that names no
+    tensor gets this one, and an interrupt is tagged with it (``.paramreg_source_key``)."""
+    try:
+      yield
     except errors.SourceIOError as e:
       if e.key is None:  # the source did not say which tensor: it is this one
         e.key = key
@@ -301,8 +313,9 @@ class BaseSource:
       raise
     except (OSError, ValueError, RuntimeError) as e:
       raise self.read_failed(key, region, e) from e
-    self.count_read(key, region)
-    return out
+    except KeyboardInterrupt as e:
+      e.paramreg_source_key = key  # type: ignore[attr-defined]
+      raise
 
   def read_failed(
     self, key: str, region: sel_lib.Region, cause: BaseException
@@ -314,13 +327,10 @@ class BaseSource:
 
   def count_read(self, key: str, region: sel_lib.Region) -> None:
     """Records one physical read of ``region`` in ``stats``."""
-    physical = self._physical_bytes(key, region)
-    with self._lock:
-      self._reads += 1
-      self._bytes += physical
+    self.count_run(self._physical_bytes(key, region))
 
   def count_run(self, nbytes: int) -> None:
-    """Records one physical read of ``nbytes`` that served several tensors."""
+    """Records one physical read of ``nbytes`` (one region, or several tensors at once)."""
     with self._lock:
       self._reads += 1
       self._bytes += nbytes
@@ -340,14 +350,7 @@ class BaseSource:
 
     An interrupt is tagged with the key being read (``.paramreg_source_key``).
     """
-    out = []
-    for key, region in requests:
-      try:
-        out.append(self.read_region(key, region))
-      except KeyboardInterrupt as e:
-        e.paramreg_source_key = key  # type: ignore[attr-defined]
-        raise
-    return out
+    return [self.read_region(key, region) for key, region in requests]
 
   def read_stacked(self, keys: Sequence[str], out: np.ndarray | None = None) -> np.ndarray:
     """The whole tensors ``keys`` (one shape and dtype) stacked along a new first axis, in a

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src import source as source_lib
 
 
 def _private_transfer() -> Any:
@@ -65,7 +66,6 @@ def _private_transfer() -> Any:
 
 
 _TRANSFER = _private_transfer()
-HOST_ALIGNMENT = 64  # what the CPU client adopts without a copy (source.HOST_ALIGNMENT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +127,7 @@ class Layout:
     """Whether every device's buffer of ``built`` (a weight built in grid order) starts
     64-byte aligned and is C-contiguous: what a CPU device adopts without a copy."""
     return built.flags.c_contiguous and all(
-      v.ctypes.data % HOST_ALIGNMENT == 0 for v in self.shards(built)
+      v.ctypes.data % source_lib.HOST_ALIGNMENT == 0 for v in self.shards(built)
     )
 
 

@@ -322,13 +322,8 @@ class OrbaxSource(source_lib.BaseSource):
     def finish() -> list[np.ndarray]:
       out = []
       for (key, region), (value, fut) in zip(requests, issued):
-        try:
+        with self.reading(key, region):  # name the read being waited for
           fut.result()
-        except (OSError, ValueError, RuntimeError) as e:
-          raise self.read_failed(key, region, e) from e
-        except KeyboardInterrupt as e:  # name the read being waited for, as BaseSource does
-          e.paramreg_source_key = key  # type: ignore[attr-defined]
-          raise
         self.count_read(key, region)
         out.append(value)
       return out

@@ -479,18 +479,10 @@ class SafetensorsSource(source_lib.BaseSource):
     return out
 
   def _pread(self, f: _File, out: np.ndarray, offset: int, key: str) -> None:
-    """One positional read into ``out``; a failure is a ``SourceIOError`` naming ``key``."""
-    try:
+    """One positional read into ``out`` (whole tensors from ``key`` on); a failure names
+    ``key``."""
+    with self.reading(key, sel_lib.full_region(out.shape[1:])):
       f.store.pread_into(out, offset, repr(key))
-    except errors.SourceIOError as e:
-      if e.key is None:
-        e.key = key
-      raise
-    except (OSError, ValueError, RuntimeError) as e:
-      raise self.read_failed(key, sel_lib.full_region(out.shape[1:]), e) from e
-    except KeyboardInterrupt as e:
-      e.paramreg_source_key = key  # type: ignore[attr-defined]
-      raise
 
   def start_reads(self, requests: Any) -> Any:
     """Local files read when finished (positional reads are synchronous); at a URL every read
