@@ -25,11 +25,8 @@ validated by :func:`plan_restore` before it is returned.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
@@ -39,6 +36,7 @@ from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import Concepts
@@ -98,43 +96,17 @@ def match(
       f"{type(hints).__name__} {hints!r:.60}"
     )
   keys = list(source.keys())
-  full = _read_checkpoint(slots, source, keys, config)
-  recipe_hints, name_hints = _check_hints(dict(hints or {}), slots, source, full)
-  hinted = {k for r in recipe_hints.values() for k in ops.source_keys(r)}
-  hinted |= {k for ks in name_hints.values() for k in ks}
-  ck = full.restricted(set(keys) - hinted)
-  proposals = {n: Proposal(n, r, "hint", ops.source_keys(r)) for n, r in recipe_hints.items()}
-  ranked: dict[str, list[cand_lib.Candidate]] = {}
-  for slot in slots:
-    if slot.name in name_hints:
-      ranked[slot.name] = [
-        dataclasses.replace(c, score=1.0 + c.score, reason=f"hint, {c.reason}")
-        for c in cand_lib.candidates(
-          concepts(slot.name), tuple(slot.shape), full.restricted(set(name_hints[slot.name]))
-        )
-      ]
-    elif slot.name not in proposals:
-      ranked[slot.name] = cand_lib.candidates(concepts(slot.name), tuple(slot.shape), ck)
-  problems = [full.conflict] if full.conflict else []
-  problems += decide.choose(slots, ranked, proposals, ck)
-  used = {k for p in proposals.values() for k in p.keys} | hinted
-  decide.tie_heads(slots, ranked, proposals, problems, ck, [k for k in keys if k not in used])
-  decide.cast_to_targets(slots, proposals, source)
-  used = {k for p in proposals.values() for k in p.keys} | hinted
+  given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
+  ck = _read_checkpoint(slots, source, keys, config, frozenset(given))
+  recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
+  proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
+  changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
+  used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   ignored = [k for k in keys if k not in used]
-  extra = sorted(
-    {ck.concepts[k].indices for k in ignored if k in ck.concepts and ck.concepts[k].indices}
-  )
-  if extra and not problems:
-    layer_keys = [k for k in ignored if k in ck.concepts and ck.concepts[k].indices]
-    problems.append(
-      f"the checkpoint has layer tensors the target does not use ({len(layer_keys)}, at "
-      f"{', '.join(str(list(i)) for i in extra[:6])}): {', '.join(layer_keys[:4])}"
-      f"{', ...' if len(layer_keys) > 4 else ''}; a model with fewer layers than the "
-      "checkpoint? Pass the unused ones as hints or restore into the full model"
-    )
-  result = Match(ordered, ignored, source, full.facts.rows())
+  if not problems:
+    problems += _unused_layers(ignored, ck)
+  result = Match(ordered, ignored, source, ck.facts.rows(), changed)
   if problems:
     raise errors.MatchError(
       errors.collected("match the checkpoint to the target", problems, "nothing was chosen")
@@ -154,6 +126,84 @@ def match(
   return result
 
 
+def _decide(
+  slots: list[Any],
+  source: Any,
+  ck: evidence.Checkpoint,
+  recipe_hints: dict[str, ops.Recipe],
+  name_hints: dict[str, list[str]],
+) -> tuple[dict[str, Proposal], list[str]]:
+  """The proposals and the problems, from the evidence and the hints (a pure function of
+  them: ``match`` runs it once more without hints to report what the hints changed)."""
+  proposals = {n: Proposal(n, r, "hint", ops.source_keys(r)) for n, r in recipe_hints.items()}
+  ranked: dict[str, list[cand_lib.Candidate]] = {}
+  for slot in slots:
+    if slot.name in name_hints:
+      ranked[slot.name] = _hinted(slot, name_hints[slot.name], ck)
+    elif slot.name not in proposals:
+      ranked[slot.name] = cand_lib.candidates(concepts(slot.name), tuple(slot.shape), ck)
+  problems = [ck.conflict] if ck.conflict else []
+  problems += decide.choose(slots, ranked, proposals, ck, frozenset(name_hints))
+  used = {k for p in proposals.values() for k in p.keys}
+  decide.tie_heads(
+    slots, ranked, proposals, problems, ck, [k for k in ck.concepts if k not in used]
+  )
+  decide.cast_to_targets(slots, proposals, source)
+  return proposals, problems
+
+
+def _hinted(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> list[cand_lib.Candidate]:
+  """A name hint's candidates: the named tensors in every layout that fits, whatever the leaf
+  is called; of a name that stands for several kinds (a module), the leaf's own kind."""
+  tc = concepts(slot.name)
+  found = cand_lib.candidates(tc, tuple(slot.shape), ck.restricted(set(keys)), hinted=True)
+  if len(keys) > 1:
+    own = [c for c in found if all(ck.concepts[k].kind == tc.kind for k in c.keys)]
+    found = own or found
+  return [dataclasses.replace(c, score=1.0 + c.score, reason=f"hint, {c.reason}") for c in found]
+
+
+def _hint_effects(
+  slots: list[Any],
+  source: Any,
+  ck: evidence.Checkpoint,
+  proposals: dict[str, Proposal],
+  problems: list[str],
+  given: dict[str, Any],
+) -> tuple[tuple[str, str, str], ...]:
+  """``(target, without the hints, with them)`` for every leaf the hints did not name whose
+  outcome they changed."""
+  base, base_problems = _decide(slots, source, ck, {}, {})
+
+  def outcome(props: dict[str, Proposal], probs: list[str], name: str) -> str:
+    p = props.get(name)
+    if p is not None:
+      return f"alias of {p.alias_of}" if p.alias_of else str(p.recipe)
+    return "refused" if any(decide.names(x, name) for x in probs) else "undecided"
+
+  out = []
+  for s in slots:
+    if s.name in given:
+      continue
+    before, after = outcome(base, base_problems, s.name), outcome(proposals, problems, s.name)
+    if before != after:
+      out.append((s.name, before, after))
+  return tuple(out)
+
+
+def _unused_layers(ignored: list[str], ck: evidence.Checkpoint) -> list[str]:
+  layer_keys = [k for k in ignored if k in ck.concepts and ck.concepts[k].indices]
+  if not layer_keys:
+    return []
+  extra = sorted({ck.concepts[k].indices for k in layer_keys})
+  return [
+    f"the checkpoint has layer tensors the target does not use ({len(layer_keys)}, at "
+    f"{', '.join(str(list(i)) for i in extra[:6])}): {', '.join(layer_keys[:4])}"
+    f"{', ...' if len(layer_keys) > 4 else ''}; a model with fewer layers than the "
+    "checkpoint? Pass the unused ones as hints or restore into the full model"
+  ]
+
+
 def _slots(target: Any) -> list[Any]:
   _, _, slots = target_lib.slots(target)
   if not slots:
@@ -166,9 +216,14 @@ def _slots(target: Any) -> list[Any]:
 
 
 def _read_checkpoint(
-  slots: list[Any], source: Any, keys: list[str], config: Mapping[str, Any] | None
+  slots: list[Any],
+  source: Any,
+  keys: list[str],
+  config: Mapping[str, Any] | None,
+  hinted: frozenset[str],
 ) -> evidence.Checkpoint:
-  """Every key folded to concepts once, its shape, and the evidence (config, orientation)."""
+  """Every key folded to concepts once, its shape, and the evidence (config, orientation;
+  the orientation from the parameters no hint names)."""
   if config is None:
     config = getattr(source, "config", None)
   if config is not None and not isinstance(config, Mapping):
@@ -177,106 +232,10 @@ def _read_checkpoint(
     )
   noise = evidence.model_prefix(keys)
   folded = {k: concepts(k, noise) for k in keys}
-  evidence.gemma2_norms(folded)
+  facts = evidence.facts_from_config(config)
+  evidence.norm_roles(folded, facts)
   ck = evidence.Checkpoint(
-    folded,
-    {k: source_lib.metadata_of(source, k).shape for k in keys},
-    evidence.facts_from_config(config),
+    folded, {k: source_lib.metadata_of(source, k).shape for k in keys}, facts
   )
-  ck.convention, ck.conflict = evidence.linear_convention(slots, ck)
+  ck.convention, ck.convention_by, ck.conflict = evidence.linear_convention(slots, ck, hinted)
   return ck
-
-
-def _check_hints(
-  hints: dict[Any, Any], slots: list[Any], source: Any, ck: evidence.Checkpoint
-) -> tuple[dict[str, ops.Recipe], dict[str, list[str]]]:
-  """Splits hints into recipes (checked: they plan, fit the parameter, and orient linear
-  weights as the checkpoint stores them) and checkpoint names (the keys each one names)."""
-  hints = {str(k).removeprefix("n:"): v for k, v in hints.items()}
-  names = [s.name for s in slots]
-  unknown = [h for h in hints if h not in set(names)]
-  if unknown:
-    raise errors.MatchError(
-      "hints name parameters the target does not have: "
-      + "; ".join(f"{h!r}{errors.did_you_mean(h, names)}" for h in unknown),
-      tuple(unknown),
-    )
-  by_name = {s.name: s for s in slots}
-  recipes: dict[str, ops.Recipe] = {}
-  named: dict[str, list[str]] = {}
-  bad = []
-  for name, hint in hints.items():
-    slot = by_name[name]
-    if isinstance(hint, str):
-      found = _named_keys(hint, list(ck.concepts))
-      if not found:
-        parts = {p for k in ck.concepts for p in re.split(r"[./]", k)} | set(ck.concepts)
-        bad.append(
-          f"hint for {name!r}: no checkpoint key is or contains {hint!r}"
-          f"{errors.did_you_mean(hint, sorted(parts))}"
-        )
-      named[name] = found
-      continue
-    try:
-      recipe = ops._check_recipe(hint, f"hint for {name!r}")
-      meta = ops.infer(recipe, source)
-    except errors.RecipeError as e:
-      bad.append(f"hint for {name!r}: {e}")
-      continue
-    if (meta.shape, meta.dtype) != (tuple(slot.shape), np.dtype(slot.dtype)):
-      bad.append(
-        f"hint for {name!r}: {recipe} produces {meta}, the parameter is "
-        f"{tuple(slot.shape)} {np.dtype(slot.dtype).name}"
-      )
-      continue
-    wrong = _misoriented(name, tuple(slot.shape), recipe, ck)
-    if wrong:
-      bad.append(wrong)
-      continue
-    recipes[name] = recipe
-  if bad:
-    raise errors.MatchError(
-      errors.collected("use the hints", bad, "nothing was chosen"), tuple(bad)
-    )
-  return recipes, named
-
-
-def _named_keys(hint: str, keys: list[str]) -> list[str]:
-  """The checkpoint keys a name hint stands for: the key itself, or every key containing it
-  as whole components (``input_layernorm``, ``model.layers.{i}.input_layernorm``)."""
-  if hint in keys:
-    return [hint]
-  pattern = re.escape(hint).replace(re.escape("{i}"), r"\d+")
-  rx = re.compile(rf"(^|[./]){pattern}([./]|$)")
-  return [k for k in keys if rx.search(k)]
-
-
-def _misoriented(
-  name: str, shape: tuple[int, ...], recipe: ops.Recipe, ck: evidence.Checkpoint
-) -> str | None:
-  """A hint that reads a linear weight against the checkpoint's orientation (a forgotten
-  transpose on a square kernel loads silently wrong)."""
-  if ck.convention not in ("t", "same") or not evidence.is_linear(concepts(name), shape[-2:]):
-    return None
-  linear = [
-    k
-    for k in ops.source_keys(recipe)
-    if k in ck.concepts and evidence.is_linear(ck.concepts[k], ck.shapes[k])
-  ]
-  if not linear:
-    return None
-  transposed = _has_transpose(recipe)
-  if transposed == (ck.convention == "t"):
-    return None
-  stored = "[out, in]" if ck.convention == "t" else "[in, out]"
-  fix = "wrap it in R.transpose(..., (1, 0))" if ck.convention == "t" else "drop the transpose"
-  return (
-    f"hint for {name!r}: {recipe} reads {linear[0]!r} {'transposed' if transposed else 'as stored'}, "
-    f"but this checkpoint stores its linear weights {stored} and the parameter is [in, out]; "
-    f"{fix}, or give the checkpoint name as the hint ({{{name!r}: {linear[0]!r}}}) and match "
-    "orients it"
-  )
-
-
-def _has_transpose(recipe: ops.Recipe) -> bool:
-  return isinstance(recipe, ops.Transpose) or any(_has_transpose(c) for c in recipe.children())

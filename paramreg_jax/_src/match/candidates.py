@@ -17,6 +17,7 @@ from typing import Any
 
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
+from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.recipes import ops
 
@@ -63,20 +64,29 @@ class Candidate:
   fused: tuple[str | tuple[str, ...], int] | None = None
 
 
-def candidates(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+def candidates(
+  tc: Concepts, shape: tuple[int, ...], ck: Checkpoint, *, hinted: bool = False
+) -> list[Candidate]:
+  """Every way ``ck``'s tensors can become the target ``tc`` of ``shape``, best name first.
+
+  ``hinted``: ``ck`` holds only the tensors a hint named, so the target's own name does not
+  gate them (its kind, its layer tokens), and a linear weight is offered in both orientations
+  unless the undecided parameters' shapes (or a flax ``kernel``, always ``[in, out]``) say which.
+  """
   out = []
-  # one tensor per target (same layer)
-  for k in ck.by_layer.get(tc.indices, ()):
-    out.extend(_single(tc, shape, k, ck))
+  # one tensor per target (same layer; a hint may name a tensor at any level)
+  singles = list(ck.concepts) if hinted and not tc.indices else ck.by_layer.get(tc.indices, ())
+  for k in singles:
+    out.extend(_single(tc, shape, k, ck, hinted))
   # a tensor that only one layer has (T5's relative position bias) may sit outside the layers
-  if not tc.indices:
+  if not tc.indices and not hinted:
     for k in ck.single_layer_keys:
       out.extend(_single(tc, shape, k, ck))
   # a fused target (qkv, gate_up) from its separate parts
   out.extend(_joined(tc, shape, ck.by_layer.get(tc.indices, []), ck))
   # a stacked target: (L, ...) from the L per-layer tensors of one name template (and experts)
-  if len(shape) >= 2 and tc.tokens & {"layers", "experts"}:
-    out.extend(_stacked(tc, shape, ck))
+  if len(shape) >= 2 and (hinted or tc.tokens & {"layers", "experts"}):
+    out.extend(_stacked(tc, shape, ck, hinted))
   if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
     out.extend(_stacked_joined(tc, shape, ck))
   out.sort(key=lambda c: -c.score)
@@ -165,10 +175,14 @@ def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> lis
   return [Candidate(first.score, all_keys, reason, build)]
 
 
-def _single(tc: Concepts, shape: tuple[int, ...], key: str, ck: Checkpoint) -> list[Candidate]:
+def _single(
+  tc: Concepts, shape: tuple[int, ...], key: str, ck: Checkpoint, hinted: bool = False
+) -> list[Candidate]:
   sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
-  if sc.kind != tc.kind:
+  if sc.kind != tc.kind and not hinted:
     return []
+  if hinted and ck.convention_by != "shapes" and tc.name.rsplit("/", 1)[-1] != "kernel":
+    convention = None  # the hint names the tensor; only its shape can orient it
   out = []
   score = tc.similarity(sc)
   for how, build in _layouts(sshape, shape, is_linear(sc, sshape)):
@@ -203,7 +217,7 @@ def _oriented(
   how: str, convention: str | None, tc: Concepts, sc: Concepts, src: tuple[int, ...]
 ) -> bool:
   """Whether a layout fits the checkpoint's orientation of linear weights."""
-  if not (is_linear(sc, src) and is_linear(tc, (0, 0))):
+  if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
     return how in ("same", "heads", "conv", "conv1d")
   if convention == "conflict":
     return False  # the evidence disagrees: no linear weight is oriented by guess
@@ -213,18 +227,23 @@ def _oriented(
   return transposed == (convention == "t")
 
 
-def _stacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+def _stacked(
+  tc: Concepts, shape: tuple[int, ...], ck: Checkpoint, hinted: bool = False
+) -> list[Candidate]:
   """A target whose leading axes stack per-layer (``layers``) and/or per-expert (``experts``)
-  tensors of one name template: ``[L, ...]``, ``[E, ...]`` in a layer, or ``[L, E, ...]``."""
+  tensors of one name template: ``[L, ...]``, ``[E, ...]`` in a layer, or ``[L, E, ...]``.
+  A hint's tensors stack whatever the target is called (``ScanBlock_0/...``)."""
   out = []
   for depth in (1, 2):
     levels = (("layers",) if not tc.indices else ()) + ("experts",) * (depth - (not tc.indices))
-    if len(levels) != depth or len(shape) <= depth or not set(levels) <= tc.tokens:
+    if len(levels) != depth or len(shape) <= depth:
+      continue
+    if not hinted and not set(levels) <= tc.tokens:
       continue
     grid = list(itertools.product(*(range(n) for n in shape[:depth])))
-    per_item = Concepts(tc.name, tc.tokens, (), tc.kind)
+    per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
     for (tokens, kind), by_index in ck.templates.items():
-      if kind != tc.kind or not set(levels) <= tokens:
+      if (kind != tc.kind and not hinted) or not (hinted or set(levels) <= tokens):
         continue
       n = len(tc.indices)
       entries = {
@@ -233,7 +252,7 @@ def _stacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candi
       if sorted(entries) != grid:
         continue
       keys = [entries[ix] for ix in grid]
-      for single in _single(per_item, shape[depth:], keys[0], ck):
+      for single in _single(per_item, shape[depth:], keys[0], ck, hinted):
         if single.fused is not None:
           if depth == 1:
             out.append(

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.report import Proposal
@@ -28,50 +29,144 @@ def choose(
   ranked: dict[str, list[Candidate]],
   proposals: dict[str, Proposal],
   ck: evidence.Checkpoint,
+  hinted: frozenset[str] = frozenset(),
 ) -> list[str]:
-  """Picks each target's single best candidate; records every unmatched or ambiguous one."""
-  problems: list[str] = []
+  """Decides every target that has candidates; returns the problems (ambiguous, conflicting,
+  claimed twice). Phases: each target's single best candidate by name; open ones settled by
+  their decided siblings (module) and by the other layers (layer); conflicts refused; fused
+  tensors split in their known layout; keys claimed twice refused. ``hinted``: targets whose
+  candidates a hint named (any score counts)."""
+  picked, open_ = _best(slots, ranked, proposals, hinted)
+  _settle(picked, open_, proposals)
+  problems = _conflicts(picked, proposals, hinted)
+  problems.update(
+    {
+      n: ambiguous(n, cands)
+      for n, cands in open_.items()
+      if n in hinted or cands[0].score >= MIN_SCORE
+    }
+  )
+  for name in problems:
+    picked.pop(name, None)
+  shapes = {s.name: tuple(s.shape) for s in slots}
+  for group, names in _fused_groups(picked).items():
+    axis = picked[names[0]].fused[1]  # type: ignore[index]
+    problem = _split_fused(group, axis, names, shapes, ck, proposals)
+    if problem:
+      problems[names[0]] = problem
+  out = list(problems.values())
+  out += _publish(picked, proposals, hinted)
+  return out
+
+
+def _best(
+  slots: list[Any],
+  ranked: dict[str, list[Candidate]],
+  proposals: dict[str, Proposal],
+  hinted: frozenset[str],
+) -> tuple[dict[str, Candidate], dict[str, list[Candidate]]]:
+  """Each target's single best candidate by name (``picked``), and the open ones: tied at the
+  top, or (below the name threshold) every candidate that fits the shape."""
   picked: dict[str, Candidate] = {}
+  open_: dict[str, list[Candidate]] = {}
   for slot in slots:
     if slot.name in proposals:
       continue
-    cands = distinct([c for c in ranked.get(slot.name, []) if c.score >= MIN_SCORE])
+    every = distinct(ranked.get(slot.name, []))
+    if slot.name in hinted:
+      cands = every
+    else:
+      cands = [c for c in every if c.score >= MIN_SCORE]
     if not cands:
+      if every:
+        open_[slot.name] = every
       continue  # maybe a tied head; decided in tie_heads
-    best = cands[0]
-    rivals = [c for c in cands[1:] if c.score == best.score]
+    rivals = [c for c in cands[1:] if c.score == cands[0].score]
     if rivals:
-      problems.append(ambiguous(slot.name, [best, *rivals]))
-      continue
-    picked[slot.name] = best
-  # fused parts: the targets sharing one fused tensor split it in its known layout
+      open_[slot.name] = [cands[0], *rivals]
+    else:
+      picked[slot.name] = cands[0]
+  return picked, open_
+
+
+def _decided(picked: dict[str, Candidate], proposals: dict[str, Proposal]) -> dict[str, Any]:
+  out = {n: p.keys for n, p in proposals.items() if p.alias_of is None}
+  out.update({n: c.keys for n, c in picked.items()})
+  return out
+
+
+def _settle(
+  picked: dict[str, Candidate], open_: dict[str, list[Candidate]], proposals: dict[str, Proposal]
+) -> None:
+  """Open targets that decided siblings (same module) or other layers single out."""
+  for _ in range(4):
+    settled = {}
+    for how, rule in (
+      ("module of", coherence.settle_by_module),
+      ("as in", coherence.settle_by_layer),
+    ):
+      for name, (cand, by) in rule(open_, _decided(picked, proposals)).items():
+        settled[name] = dataclasses.replace(cand, reason=f"{cand.reason}, {how} {by}")
+      if settled:
+        break
+    if not settled:
+      return
+    for name, cand in settled.items():
+      picked[name] = cand
+      del open_[name]
+
+
+def _conflicts(
+  picked: dict[str, Candidate], proposals: dict[str, Proposal], hinted: frozenset[str]
+) -> dict[str, str]:
+  """Leaves of one module from different checkpoint modules, layers that chose differently:
+  each undecided-by-hint leaf involved is refused (a hint is the user's word)."""
+  decided = _decided(picked, proposals)
+  found = {**coherence.layer_conflicts(decided), **coherence.module_conflicts(decided)}
+  return {n: p for n, p in found.items() if n in picked and n not in hinted}
+
+
+def _fused_groups(picked: dict[str, Candidate]) -> dict[Any, list[str]]:
   groups: dict[str | tuple[str, ...], list[str]] = {}
   for name, cand in picked.items():
     if cand.fused is not None:
       groups.setdefault(cand.fused[0], []).append(name)
-  shapes = {s.name: tuple(s.shape) for s in slots}
-  for group, names in groups.items():
-    axis = picked[names[0]].fused[1]  # type: ignore[index]
-    problem = _split_fused(group, axis, names, shapes, ck, proposals)
-    if problem:
-      problems.append(problem)
-  # a checkpoint key is never used by two targets
+  return groups
+
+
+def _publish(
+  picked: dict[str, Candidate], proposals: dict[str, Proposal], hinted: frozenset[str]
+) -> list[str]:
+  """Proposes every picked candidate whose keys no other target claims; a key a hint uses is
+  never taken by another target's best guess (and never by elimination either: that target is
+  refused, naming the hint)."""
+  by_hint = {k: n for n, p in proposals.items() for k in p.keys}
+  by_hint.update(
+    {k: n for n, c in picked.items() if n in hinted and c.fused is None for k in c.keys}
+  )
   owners: dict[str, list[str]] = {}
   for name, cand in picked.items():
     if cand.fused is None:
       for k in cand.keys:
         owners.setdefault(k, []).append(name)
-  clashes = {k: ns for k, ns in owners.items() if len(ns) > 1}
+  problems = []
   for name, cand in picked.items():
     if cand.fused is not None:
       continue
-    clash = sorted({n for k in cand.keys for n in clashes.get(k, ()) if n != name})
-    if clash:
+    taken = sorted({by_hint[k] for k in cand.keys if by_hint.get(k, name) != name})
+    clash = sorted({n for k in cand.keys for n in owners[k] if n != name})
+    if taken and name not in hinted:
+      problems.append(
+        f"{name}: its best candidate {shown(cand)} [{cand.reason}] is what the hint for "
+        f"{', '.join(taken)} names; nothing else is chosen for it by elimination: give "
+        f"{name!r} a hint too"
+      )
+    elif clash:
       problems.append(
         f"{name}: ambiguous: {shown(cand)} is also the best match of {', '.join(clash)}"
       )
-      continue
-    proposals[name] = Proposal(name, cand.build(), cand.reason, cand.keys)
+    else:
+      proposals[name] = Proposal(name, cand.build(), cand.reason, cand.keys)
   return problems
 
 
@@ -85,16 +180,32 @@ def distinct(cands: list[Candidate]) -> list[Candidate]:
   return out
 
 
-def ambiguous(name: str, cands: list[Candidate]) -> str:
-  """The problem for a parameter that several candidates fit equally: each with its recipe,
-  and the hint to paste for the first."""
-  lines = [f"{name}: ambiguous between {len(cands)} candidates of equal score:"]
-  for c in cands[:4]:
-    lines.append(f"      {shown(c)} [{c.reason}] ({c.score:.2f})")
-  first = next((c for c in cands if c.build is not None), None)
-  if first is not None:
-    lines.append(f"    to choose the first: hints={{{name!r}: {code(first.build())}}}")
+_LISTED = 12  # candidates a refusal lists in full
+
+
+def ambiguous(name: str, cands: list[Candidate], lead: str = "") -> str:
+  """The problem for a parameter that several candidates fit equally: every candidate with
+  its recipe and why it is one. No pick is offered: nothing tells them apart."""
+  lines = [
+    f"{lead or name + ':'} ambiguous between {len(cands)} candidates of equal score "
+    "(name, shape and config do not tell them apart):"
+  ]
+  lines += [_listed(c) for c in cands[:_LISTED]]
+  if len(cands) > _LISTED:
+    lines.append(f"      ... and {len(cands) - _LISTED} more")
+  if len({c.keys for c in cands}) == 1:
+    lines.append("    only the layout differs: give the recipe of the right one as the hint")
+  else:
+    lines.append(
+      f"    name the right one: hints={{{name!r}: '<checkpoint name>'}} (match derives the "
+      "layout), or give its recipe"
+    )
   return "\n".join(lines)
+
+
+def _listed(c: Candidate) -> str:
+  recipe = f": {code(c.build())}" if c.build is not None else ""
+  return f"      {shown(c)} [{c.reason}] ({c.score:.2f}){recipe}"
 
 
 def _split_fused(
@@ -202,7 +313,7 @@ def tie_heads(
     None,
   )
   for slot in slots:
-    if slot.name in proposals or any(_names(p, slot.name) for p in problems):
+    if slot.name in proposals or any(names(p, slot.name) for p in problems):
       continue
     tc = concepts(slot.name)
     shape = tuple(slot.shape)
@@ -239,26 +350,20 @@ def tie_heads(
     near = distinct(ranked.get(slot.name, []))
     tied = [c for c in near if c.score == near[0].score] if near else []
     if len(tied) > 1:  # several fit the shape and none the name better than the others
-      problems.append(
-        ambiguous(slot.name, tied).replace(
-          f"{slot.name}: ambiguous between",
-          f"{slot.name} {shape}: its name matches no checkpoint name; ambiguous between",
-          1,
-        )
-      )
+      lead = f"{slot.name} {shape}: its name matches no checkpoint name;"
+      problems.append(ambiguous(slot.name, tied, lead))
       continue
-    hint = (
-      "; closest: " + "; ".join(f"{shown(c)} ({c.score:.2f}, {c.reason})" for c in near[:3])
-      if near
-      else ""
-    )
+    listed = "".join(f"\n{_listed(c)}" for c in near[:_LISTED])
+    more = f"\n      ... and {len(near) - _LISTED} more" if len(near) > _LISTED else ""
     problems.append(
       f"{slot.name} {shape}: unmatched: no checkpoint tensor at "
-      f"{'layer ' + str(tc.indices) if tc.indices else 'this level'} fits its name and shape{hint}"
+      f"{'layer ' + str(tc.indices) if tc.indices else 'this level'} fits its name and shape"
+      + (f"; what fits its shape, closest name first:{listed}{more}" if near else "")
+      + (f"\n    name the right one: hints={{{slot.name!r}: '<checkpoint name>'}}" if near else "")
     )
 
 
-def _names(problem: str, name: str) -> bool:
+def names(problem: str, name: str) -> bool:
   """Whether ``problem`` is about ``name`` (problems start ``a, b (shape): ...``)."""
   head = problem.split(":", 1)[0]
   return name in (part.split(" ")[0] for part in head.split(", "))

@@ -32,8 +32,13 @@ _QKV_LAYOUTS = {
   "gpt_neox": "per_head",
   "gpt_neox_japanese": "per_head",
   "bloom": "per_head",
+  "persimmon": "per_head",
   "codegen": "blocked_qvk4",
 }
+# Model types whose ``post_attention_layernorm`` normalises the attention's *output* (a
+# post-norm; their MLP has its own pre- or post-norm), unlike Llama's, where it is the MLP's
+# input norm.
+_POST_NORM_TYPES = {"olmo2", "olmo3", "gemma2", "gemma3", "gemma3_text"}
 _GATE_UP_LAYOUTS = {"phi3": "contiguous"}  # [gate | up]
 # Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
 # torch.nn.Linear ([out, in]).
@@ -52,6 +57,7 @@ class Facts:
   convention: str | None = None  # of its linear weights: "t" ([out, in]) or "same" ([in, out])
   qkv_layout: str | None = None  # a key of LAYOUTS
   gate_up_layout: str | None = None
+  post_norms: bool = False  # post_attention_layernorm is the attention's post-norm
 
   def rows(self) -> list[tuple[str, str]]:
     """``(fact, value)`` for the table: only what the config said."""
@@ -69,6 +75,8 @@ class Facts:
       out.append(("fused qkv", LAYOUTS[self.qkv_layout]))
     if self.gate_up_layout:
       out.append(("fused gate_up", "[gate | up] one after the other"))
+    if self.post_norms:
+      out.append(("post_attention_layernorm", "the attention's post-norm"))
     return out
 
 
@@ -123,6 +131,7 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
     convention="same" if model_type in _CONV1D_TYPES else "t",
     qkv_layout=qkv,
     gate_up_layout=_GATE_UP_LAYOUTS.get(model_type),
+    post_norms=model_type in _POST_NORM_TYPES,
   )
 
 
@@ -179,6 +188,8 @@ class Checkpoint:
   # of its linear weights: "t" ([out, in]), "same", None (unknown), "conflict" (refuse)
   convention: str | None = None
   conflict: str | None = None  # the problem when the orientation evidence disagrees
+  # what said the convention: "shapes" (the target's undecided linear weights), "config", None
+  convention_by: str | None = None
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -188,6 +199,7 @@ class Checkpoint:
       self.facts,
       self.convention,
       self.conflict,
+      self.convention_by,
     )
 
   @functools.cached_property
@@ -234,37 +246,69 @@ def model_prefix(keys: list[str]) -> frozenset[str]:
   )
 
 
-def gemma2_norms(src: dict[str, Concepts]) -> None:
-  """Gemma 2/3 normalise both sides of each sublayer: there ``post_attention_layernorm`` is the
-  attention's *post*-norm (``pre_feedforward_layernorm`` is the MLP's), while in Llama it is
-  the norm before the MLP. The checkpoint itself says which: it has ``pre_feedforward``."""
-  if not any("pre_feedforward_layernorm" in k for k in src):
+def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
+  """Gives the checkpoint's norms and routers their roles where the model type (or the
+  checkpoint's own keys) says more than the name.
+
+  - ``post_attention_layernorm`` is Llama's norm before the MLP, but the attention's post-norm
+    in Gemma 2/3 and OLMo 2 (their config's model type says so; a checkpoint with a
+    ``pre_feedforward_layernorm`` says so itself).
+  - ``mlp.gate`` beside ``mlp.experts`` is the router of a mixture of experts (transformers 5
+    stores Mixtral and Qwen-MoE this way), not a gate projection.
+  """
+  post = facts.post_norms or any("pre_feedforward_layernorm" in k for k in src)
+  moe = any(".experts." in k for k in src)
+  if not (post or moe):
     return
   for k, c in src.items():
-    if "post_attention_layernorm" in k:
+    if post and "post_attention_layernorm" in k:
       tokens = (c.tokens - {"mlp"}) | {"attn", "post"}
       src[k] = dataclasses.replace(c, tokens=frozenset(tokens))
+    elif moe and _ROUTER.search(k):
+      src[k] = dataclasses.replace(c, tokens=(c.tokens - {"gate"}) | {"moe", "router"})
+
+
+_ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$")
+# Concepts of a projection: a bare name (no kind word, like Meta's ``wq``) is a linear weight only
+# with one of these; a bare ``A_log`` or ``D`` (an SSM's state parameters) is not.
+_PROJECTIONS = frozenset(
+  {"q", "k", "v", "o", "qkv", "up", "down", "gate", "gate_up", "head", "router", "proj"}
+)
 
 
 def is_linear(c: Concepts, shape: tuple[int, ...]) -> bool:
-  """A 2-D weight that multiplies (so its orientation matters); not a lookup table or a norm."""
+  """A stored 2-D weight that multiplies (so its orientation matters); not a lookup table, a
+  norm, or a bare parameter that is no projection (an SSM's ``A_log``)."""
+  return linear_target(c, shape) and (not c.bare or bool(c.tokens & _PROJECTIONS))
+
+
+def linear_target(c: Concepts, shape: tuple[int, ...]) -> bool:
+  """A target parameter that may be a linear weight: 2-D, named as no lookup table or norm.
+  (A target's name is the user's: ``mlp/x`` may well be a kernel, so no bare rule here; a
+  stored ``A_log`` is not linear, and that is what orientation asks.)"""
   return c.kind == "w" and len(shape) == 2 and not c.tokens & {"embed", "norm", "relpos"}
 
 
-def linear_convention(slots: list[Any], ck: Checkpoint) -> tuple[str | None, str | None]:
-  """The orientation of the checkpoint's linear weights and a problem if the evidence conflicts.
+def linear_convention(
+  slots: list[Any], ck: Checkpoint, hinted: frozenset[str] = frozenset()
+) -> tuple[str | None, str | None, str | None]:
+  """The orientation of the checkpoint's linear weights, what said it, and a problem if the
+  evidence conflicts.
 
   The config says it for a Hugging Face checkpoint; the non-square weights say it too (compared
   with the target parameters of the same name): ``"t"`` if they are the transpose of the
-  target's (PyTorch ``[out, in]``), ``"same"`` if they match as stored (``Conv1D``).
+  target's (PyTorch ``[out, in]``), ``"same"`` if they match as stored (``Conv1D``). Only the
+  parameters still undecided vote: a hinted one (``hinted``) is the user's to lay out.
   """
   votes: dict[str, list[str]] = {"t": [], "same": []}
   for slot in slots:
+    if slot.name in hinted:
+      continue
     tc = concepts(slot.name)
     shape, indices = tuple(slot.shape), tc.indices
     if not indices and "layers" in tc.tokens and len(shape) == 3:
       shape, indices = shape[1:], (0,)  # a stacked kernel: compare with layer 0
-    if not is_linear(tc, shape) or shape[0] == shape[1]:
+    if not linear_target(tc, shape) or shape[0] == shape[1]:
       continue
     for k in ck.by_layer.get(indices, ()):
       sc, sshape = ck.concepts[k], ck.shapes[k]
@@ -277,9 +321,9 @@ def linear_convention(slots: list[Any], ck: Checkpoint) -> tuple[str | None, str
   said = ck.facts.convention
   shapes_say = [c for c in ("t", "same") if votes[c]]
   if said and (not shapes_say or shapes_say == [said]):
-    return said, None
+    return said, ("shapes" if shapes_say else "config"), None
   if not said and len(shapes_say) <= 1:
-    return (shapes_say[0] if shapes_say else None), None
+    return (shapes_say[0] if shapes_say else None), ("shapes" if shapes_say else None), None
   against = votes["same" if said == "t" else "t"] if said else votes["same"]
   problem = (
     "the checkpoint's linear weights have no single orientation: "
@@ -288,7 +332,7 @@ def linear_convention(slots: list[Any], ck: Checkpoint) -> tuple[str | None, str
     + (f"; while {'; '.join(votes['t'][:2])}" if not said else "")
     + ". No linear weight is assigned; check the target's kernel layouts, or pass hints"
   )
-  return "conflict", problem
+  return "conflict", "shapes", problem
 
 
 _ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}

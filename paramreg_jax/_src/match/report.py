@@ -33,6 +33,8 @@ class Match(sets.RecipeSet):
     ignored_keys: checkpoint keys no target parameter needs (``restore`` skips them).
     facts: ``(fact, value)`` pairs the checkpoint's ``config.json`` contributed (model type,
       head counts, tied embeddings, the layout of fused tensors); empty without a config.
+    hint_effects: ``(target, without the hints, with them)`` for every parameter the hints did
+      not name whose outcome they changed (a recipe, ``"refused"`` or ``"undecided"``).
 
   Examples:
     >>> import jax, numpy as np
@@ -52,10 +54,12 @@ class Match(sets.RecipeSet):
     ignored_keys: Iterable[str],
     source: Any,
     facts: Iterable[tuple[str, str]] = (),
+    hint_effects: Iterable[tuple[str, str, str]] = (),
   ):
     self.proposals = tuple(proposals)
     self.source = source
     self.facts = tuple(facts)
+    self.hint_effects = tuple(hint_effects)
     outputs = {p.target: p.recipe for p in proposals if p.recipe is not None}
     aliases = {p.target: str(p.alias_of) for p in proposals if p.alias_of is not None}
     super().__init__(outputs, aliases=aliases, ignore=ignored_keys)
@@ -77,6 +81,9 @@ class Match(sets.RecipeSet):
     if self.facts:
       lines.append("  from config.json: " + "; ".join(f"{k} = {v}" for k, v in self.facts))
     lines += [f"  {t:<{width}}  <- {expr}   [{why}]" for t, expr, why in rows]
+    if self.hint_effects:
+      lines.append("  changed by the hints (parameters they do not name):")
+      lines += [f"    {t}: {a}  ->  {b}" for t, a, b in self.hint_effects]
     if self.ignored_keys:
       shown = ", ".join(self.ignored_keys[:6]) + (", ..." if len(self.ignored_keys) > 6 else "")
       lines.append(f"  not used: {shown}")

@@ -23,6 +23,7 @@ _PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
   (("attention", "output", "layernorm"), ("attn", "norm")),
   (("attention", "dense"), ("attn", "o")),  # GPT-NeoX, Falcon: attention.dense
   (("self_attention", "dense"), ("attn", "o")),
+  (("self_attn", "dense"), ("attn", "o")),  # Persimmon
   (("block_sparse_moe", "gate"), ("moe", "router")),  # Mixtral's router, not a gate projection
   (("intermediate", "dense"), ("mlp", "up")),
   (("output", "dense"), ("mlp", "down")),
@@ -46,10 +47,10 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: () for w in ("token", "tok", "word", "words")},  # token_embed: the (token) embedding
   # parameter kinds
   **{w: ("w",) for w in ("weight", "kernel", "scale", "embedding", "gamma", "g")},
-  **{w: ("b",) for w in ("bias", "beta")},
+  **{w: ("b",) for w in ("bias", "beta", "offset", "shift")},  # haiku/penzai: offset, shift
   # attention
   **{w: ("attn",) for w in ("attn", "attention", "self_attn", "self_attention", "selfattention")},
-  **{w: ("xattn",) for w in ("xattn", "encdecattention", "cross_attn", "crossattention")},
+  **{w: ("xattn",) for w in ("xattn", "encdecattention", "cross_attn", "crossattention", "cross")},
   "encoder_attn": ("xattn",),
   "relative_attention_bias": ("relpos",),
   **{w: ("q",) for w in ("q", "q_proj", "query", "wq", "q_lin")},
@@ -93,6 +94,14 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "layernorm_after": ("mlp", "norm"),
   "attn_norm": ("attn", "norm"),
   "xattn_norm": ("xattn", "norm"),
+  "norm1": ("attn", "norm"),  # timm / ViT-style blocks: norm1 before attention, norm2 before MLP
+  "norm2": ("mlp", "norm"),
+  "ln1": ("attn", "norm"),
+  "ln2": ("mlp", "norm"),
+  "norm_1": ("attn", "norm"),  # MPT
+  "norm_2": ("mlp", "norm"),
+  "norm_f": ("final", "norm"),
+  "layernorm_embedding": ("embed", "norm"),  # BART
   "attention_norm": ("attn", "norm"),
   "mlp_norm": ("mlp", "norm"),
   "ffn_norm": ("mlp", "norm"),
@@ -157,8 +166,8 @@ def _t5_sublayer(name: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def _words(
   shape: tuple[str, ...], noise: frozenset[str]
-) -> tuple[frozenset[str], str, tuple[tuple[int, int | None], ...]]:
-  """Tokens, kind and where the indices are (``(word position, None)`` for a number,
+) -> tuple[frozenset[str], str, bool, tuple[tuple[int, int | None], ...]]:
+  """Tokens, kind, whether the kind was implied and where the indices are (``(word position, None)`` for a number,
   ``(position, 2)`` inside ``layers_3``) of a name whose numbers are ``#``. Cached: the 50,000
   keys of an MoE checkpoint share a handful of shapes."""
   parts: list[str] = []
@@ -175,8 +184,8 @@ def _words(
       where.append((n, None))
     elif word:
       parts.append(word)
-  tokens, kind = _fold(tuple(parts), bool(where))
-  return tokens, kind, tuple(where)
+  tokens, kind, bare = _fold(tuple(parts), bool(where))
+  return tokens, kind, bare, tuple(where)
 
 
 _BY_FIRST: dict[str, tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {}
@@ -186,8 +195,9 @@ del _phrase, _meaning
 
 
 @functools.lru_cache(maxsize=65536)
-def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str]:
-  """The tokens and kind of a name's words (without its numbers). Cached: the 50,000 keys of
+def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, bool]:
+  """The tokens, kind and bareness (no kind word: ``wq``, ``A_log``) of a name's words
+  (without its numbers). Cached: the 50,000 keys of
   an MoE checkpoint differ only in their layer and expert numbers."""
   i, folded = 0, list[str]()
   while i < len(parts):
@@ -207,6 +217,8 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str]:
       tokens.append(word)
     else:  # attn_out, type_embed, proj_0: fold each part
       tokens.extend(t for sub in word.split("_") if sub for t in _WORDS.get(sub, (sub,)))
+  if "xattn" in tokens:  # cross_attn_norm: the cross-attention is not the self-attention
+    tokens = [t for t in tokens if t != "attn"]
   kinds = [t for t in tokens if t in ("w", "b")]
   kind = kinds[-1] if kinds else "w"
   if not kinds:
@@ -217,7 +229,7 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str]:
     tokens = [("head" if t == "output" else t) for t in tokens]  # Meta: output.weight
   if indexed and "final" in tokens and "norm" in tokens:
     tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
-  return frozenset(tokens), kind
+  return frozenset(tokens), kind, not kinds
 
 
 def known(word: str) -> bool:
@@ -233,6 +245,7 @@ class Concepts:
   tokens: frozenset[str]
   indices: tuple[int, ...]
   kind: str  # "w" or "b"
+  bare: bool = False  # no kind word in the name (``wq``, ``A_log``): the kind is implied
 
   def similarity(self, other: Concepts) -> float:
     union = self.tokens | other.tokens
@@ -255,9 +268,9 @@ def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
   """
   name = _t5_sublayer(name)
   words = _SEPARATORS.split(name.strip("./"))
-  tokens, kind, where = _words(tuple("#" if w.isdigit() else w for w in words), noise)
+  tokens, kind, bare, where = _words(tuple("#" if w.isdigit() else w for w in words), noise)
   indices = [
     int(words[i]) if group is None else int(_CONTAINER_INDEX.match(words[i].lower()).group(2))  # type: ignore[union-attr]
     for i, group in where
   ]
-  return Concepts(name, tokens, tuple(indices), kind)
+  return Concepts(name, tokens, tuple(indices), kind, bare)

@@ -1,0 +1,198 @@
+"""Coherence: evidence that spans parameters.
+
+- **Module coherence.** The leaves of one target module (``attn/o/kernel`` and
+  ``attn/o/bias``; a norm's ``scale`` and ``bias``) come from one checkpoint module
+  (``self_attn.o_proj.weight`` and ``self_attn.o_proj.bias``). A leaf its name leaves open is
+  settled by a sibling that was decided (by name, by shape, or by a hint); siblings decided from
+  different checkpoint modules are a refusal.
+- **Layer consistency.** The relative choice made in one layer holds in every layer: a leaf
+  left open in one layer takes the choice the other layers agree on; layers that disagree are
+  a refusal.
+
+Both only ever pick among a leaf's own candidates, and only when the other leaves' choice
+singles one out: that is evidence, never elimination.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from collections.abc import Mapping
+
+from paramreg_jax._src.match.candidates import Candidate
+
+# The last component of a leaf that only says its kind: its module is its parent.
+KIND_WORDS = frozenset(
+  {
+    "weight",
+    "kernel",
+    "scale",
+    "embedding",
+    "bias",
+    "beta",
+    "gamma",
+    "g",
+    "w",
+    "b",
+    "offset",
+    "shift",
+  }
+)
+_SPLIT = re.compile(r"[./]")
+_PARTS = re.compile(r"([./])")
+_CONTAINER = re.compile(r"^((?:layers|layer|h|block|blocks)_)\d+$", re.IGNORECASE)
+
+
+def target_module(name: str) -> str | None:
+  """``layers/0/attn/o`` for ``layers/0/attn/o/kernel``; None for a leaf named for itself."""
+  head, _, last = name.rpartition("/")
+  return head if head and last.lower() in KIND_WORDS else None
+
+
+def checkpoint_module(key: str) -> str:
+  """``model.layers.0.self_attn.o_proj`` for ``model.layers.0.self_attn.o_proj.weight``."""
+  parts = _SPLIT.split(key)
+  return key[: -len(parts[-1]) - 1] if len(parts) > 1 and parts[-1].lower() in KIND_WORDS else key
+
+
+def modules(keys: Iterable[str]) -> frozenset[str]:
+  return frozenset(checkpoint_module(k) for k in keys)
+
+
+def template(name: str) -> str:
+  """A name with its layer and expert numbers as ``#`` (``layers/3``, ``layers_3``,
+  ``experts.7``; not the ``1`` of ``conv1`` or ``norm_1``)."""
+  parts = _PARTS.split(name)
+  for i, part in enumerate(parts):
+    if part.isdigit():
+      parts[i] = "#"
+    elif "_" in part and (m := _CONTAINER.match(part)):
+      parts[i] = m.group(1) + "#"
+  return "".join(parts)
+
+
+def settle_by_module(
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+) -> dict[str, tuple[Candidate, str]]:
+  """Open leaves (``{name: every candidate}``) that a decided sibling settles:
+  ``{name: (candidate, sibling)}``. ``decided`` maps every decided leaf to its keys."""
+  siblings: dict[str, list[str]] = {}
+  for name, keys in decided.items():
+    module = target_module(name)
+    if module is not None and keys:
+      siblings.setdefault(module, []).append(name)
+  out = {}
+  for name, cands in open_.items():
+    module = target_module(name)
+    if module is None or module not in siblings:
+      continue
+    wanted = {modules(decided[s]) for s in siblings[module]}
+    if len(wanted) != 1:
+      continue  # the siblings disagree: reported by module_conflicts
+    (want,) = wanted
+    fits = _distinct([c for c in cands if modules(c.keys) == want])
+    if len(fits) == 1:
+      out[name] = (fits[0], sorted(siblings[module])[0])
+  return out
+
+
+def module_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+  """``{leaf: problem}`` for the leaves of a target module decided from different checkpoint
+  modules."""
+  by_module: dict[str, list[str]] = {}
+  for name, keys in decided.items():
+    module = target_module(name)
+    if module is not None and keys:
+      by_module.setdefault(module, []).append(name)
+  out = {}
+  for module, names in by_module.items():
+    if len({modules(decided[n]) for n in names}) < 2:
+      continue
+    said = "; ".join(f"{n} <- {_shown_modules(decided[n])}" for n in sorted(names))
+    for n in names:
+      out[n] = (
+        f"{n}: the leaves of {module!r} would come from different checkpoint modules ({said}); "
+        "the leaves of one module come from one checkpoint module: give a hint for the one "
+        "that is wrong"
+      )
+  return out
+
+
+def settle_by_layer(
+  open_: Mapping[str, list[Candidate]], decided: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[Candidate, str]]:
+  """Open leaves of per-layer targets that the other layers' agreed choice settles:
+  ``{name: (candidate, a layer's leaf that made that choice)}``."""
+  agreed = _layer_choices(decided)
+  out = {}
+  for name, cands in open_.items():
+    choice = agreed.get(template(name))
+    if choice is None or len(choice[0]) != 1:
+      continue
+    (want,) = choice[0]
+    fits = _distinct([c for c in cands if _key_template(c.keys) == want])
+    if len(fits) == 1:
+      out[name] = (fits[0], choice[1])
+  return out
+
+
+def layer_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+  """``{leaf: problem}`` for per-layer leaves whose layers chose differently."""
+  out = {}
+  for (choices, _), names in _layer_groups(decided):
+    if len(choices) < 2:
+      continue
+    said = "; ".join(f"{n} <- {', '.join(decided[n][:2])}" for n in sorted(names)[:4])
+    for n in names:
+      out[n] = (
+        f"{n}: the layers chose differently ({said}); a choice made in one layer holds in "
+        f"every layer: give one hint for all of them, hints={{{template(n).replace('#', '{i}')!r}"
+        ": '<checkpoint name with {i}>'}"
+      )
+  return out
+
+
+def _key_template(keys: tuple[str, ...]) -> tuple[str, ...]:
+  return tuple(sorted({template(k) for k in keys}))
+
+
+def _layer_groups(
+  decided: Mapping[str, tuple[str, ...]],
+) -> list[tuple[tuple[set[tuple[str, ...]], str], list[str]]]:
+  groups: dict[str, list[str]] = {}
+  for name, keys in decided.items():
+    if keys and template(name) != name:
+      groups.setdefault(template(name), []).append(name)
+  out = []
+  for names in groups.values():
+    if len(names) > 1:
+      choices = {_key_template(decided[n]) for n in names}
+      out.append(((choices, names[0]), names))
+  return out
+
+
+def _layer_choices(
+  decided: Mapping[str, tuple[str, ...]],
+) -> dict[str, tuple[set[tuple[str, ...]], str]]:
+  out = {}
+  for name, keys in decided.items():
+    if keys and template(name) != name:
+      t = template(name)
+      choices, first = out.get(t, (set(), name))
+      out[t] = (choices | {_key_template(keys)}, first)
+  return out
+
+
+def _distinct(cands: list[Candidate]) -> list[Candidate]:
+  seen, out = set(), []
+  for c in cands:
+    if (c.keys, c.reason) not in seen:
+      seen.add((c.keys, c.reason))
+      out.append(c)
+  return out
+
+
+def _shown_modules(keys: tuple[str, ...]) -> str:
+  mods = sorted(modules(keys))
+  return ", ".join(repr(m) for m in mods[:2]) + (f" .. ({len(mods)})" if len(mods) > 2 else "")

@@ -1,0 +1,164 @@
+"""Hints: what the user says about the mapping, checked before anything is decided.
+
+A hint maps a target name to a checkpoint name (or a part of one: ``"input_layernorm"``,
+``"model.layers.{i}.ln_1"``), from which ``match`` derives the layout, or to a recipe, used as
+given. A target name may hold ``{i}`` (``"layers_{i}/attn_norm/scale"``): one hint for that
+leaf in every per-layer module (linen ``layers_0``, ``nnx.List``, a Python list), with ``{i}``
+in the value standing for the same layer.
+
+A hint settles the leaf it names, and only that leaf: a name that stands for several tensors
+(``"input_layernorm"`` names a weight and a bias) gives the leaf the one of its own kind, and
+the other leaves are decided by the same rules as without hints (a kernel's hint carries its
+bias only through module coherence, as any decided kernel does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.recipes import ops
+
+
+def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
+  """``{target name: hint}`` with the ``n:`` prefix dropped and every ``{i}`` template
+  expanded over the target's names; names the target lacks are refused (did-you-mean)."""
+  plain = {str(k).removeprefix("n:"): v for k, v in hints.items()}
+  known = set(names)
+  out: dict[str, Any] = {}
+  unknown = []
+  for key, hint in plain.items():
+    if "{i}" not in key:
+      if key not in known:
+        unknown.append(f"{key!r}{errors.did_you_mean(key, names)}")
+      continue
+    rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"(\d+)") + "$")
+    hits = [(n, m.group(1)) for n in names if (m := rx.match(n))]
+    if not hits:
+      unknown.append(f"{key!r} (no target name fits the template)")
+    for name, i in hits:
+      out.setdefault(name, _at_layer(hint, i))
+  if unknown:
+    raise errors.MatchError(
+      "hints name parameters the target does not have: " + "; ".join(unknown), tuple(unknown)
+    )
+  out.update({k: v for k, v in plain.items() if "{i}" not in k})  # an exact name wins
+  return out
+
+
+def _at_layer(hint: Any, i: str) -> Any:
+  if isinstance(hint, str):
+    return hint.replace("{i}", i)
+  if isinstance(hint, ops.Recipe):
+    return _rekeyed(hint, i)
+  return hint  # refused with its type by check()
+
+
+def _rekeyed(recipe: ops.Recipe, i: str) -> ops.Recipe:
+  if isinstance(recipe, ops.Source):
+    return ops.Source(recipe.key.replace("{i}", i), recipe.selection)
+  fields = {}
+  for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
+    value = getattr(recipe, f.name)
+    if isinstance(value, ops.Recipe):
+      value = _rekeyed(value, i)
+    elif isinstance(value, tuple) and value and isinstance(value[0], ops.Recipe):
+      value = tuple(_rekeyed(v, i) for v in value)
+    fields[f.name] = value
+  return type(recipe)(**fields)
+
+
+def check(
+  hints: dict[str, Any], slots: list[Any], source: Any, ck: evidence.Checkpoint
+) -> tuple[dict[str, ops.Recipe], dict[str, list[str]]]:
+  """Splits hints into recipes (checked: they plan, fit the parameter, and orient linear
+  weights as the evidence says) and checkpoint names (the keys each one names)."""
+  by_name = {s.name: s for s in slots}
+  recipes: dict[str, ops.Recipe] = {}
+  named: dict[str, list[str]] = {}
+  bad = []
+  for name, hint in hints.items():
+    slot = by_name[name]
+    if isinstance(hint, str):
+      found = named_keys(hint, list(ck.concepts))
+      if not found:
+        parts = {p for k in ck.concepts for p in re.split(r"[./]", k)} | set(ck.concepts)
+        bad.append(
+          f"hint for {name!r}: no checkpoint key is or contains {hint!r}"
+          f"{errors.did_you_mean(hint, sorted(parts))}"
+        )
+      named[name] = found
+      continue
+    try:
+      recipe = ops._check_recipe(hint, f"hint for {name!r}")
+      meta = ops.infer(recipe, source)
+    except errors.RecipeError as e:
+      bad.append(f"hint for {name!r}: {e}")
+      continue
+    if (meta.shape, meta.dtype) != (tuple(slot.shape), np.dtype(slot.dtype)):
+      bad.append(
+        f"hint for {name!r}: {recipe} produces {meta}, the parameter is "
+        f"{tuple(slot.shape)} {np.dtype(slot.dtype).name}"
+      )
+      continue
+    wrong = _misoriented(name, tuple(slot.shape), recipe, ck)
+    if wrong:
+      bad.append(wrong)
+      continue
+    recipes[name] = recipe
+  if bad:
+    raise errors.MatchError(
+      errors.collected("use the hints", bad, "nothing was chosen"), tuple(bad)
+    )
+  return recipes, named
+
+
+def named_keys(hint: str, keys: list[str]) -> list[str]:
+  """The checkpoint keys a name hint stands for: the key itself, or every key containing it
+  as whole components (``input_layernorm``, ``model.layers.{i}.input_layernorm``)."""
+  if hint in keys:
+    return [hint]
+  pattern = re.escape(hint).replace(re.escape("{i}"), r"\d+")
+  rx = re.compile(rf"(^|[./]){pattern}([./]|$)")
+  return [k for k in keys if rx.search(k)]
+
+
+def _misoriented(
+  name: str, shape: tuple[int, ...], recipe: ops.Recipe, ck: evidence.Checkpoint
+) -> str | None:
+  """A hint that reads a linear weight against the orientation the evidence determines (a
+  forgotten transpose on a square kernel loads silently wrong). The evidence: the undecided
+  parameters' shapes, or the config for a flax ``kernel`` (always ``[in, out]``); a target that
+  keeps ``[out, in]`` (equinox, torch-style ``weight``) is the user's to say."""
+  if ck.convention not in ("t", "same") or not evidence.linear_target(concepts(name), shape[-2:]):
+    return None
+  if ck.convention_by != "shapes" and name.rsplit("/", 1)[-1] != "kernel":
+    return None
+  linear = [
+    k
+    for k in ops.source_keys(recipe)
+    if k in ck.concepts and evidence.is_linear(ck.concepts[k], ck.shapes[k])
+  ]
+  if not linear:
+    return None
+  transposed = _has_transpose(recipe)
+  if transposed == (ck.convention == "t"):
+    return None
+  stored = "[out, in]" if ck.convention == "t" else "[in, out]"
+  fix = "wrap it in R.transpose(..., (1, 0))" if ck.convention == "t" else "drop the transpose"
+  how = "transposed" if transposed else "as stored"
+  return (
+    f"hint for {name!r}: {recipe} reads {linear[0]!r} {how}, but this checkpoint stores its "
+    f"linear weights {stored} and the parameter is [in, out]; {fix}, or give the checkpoint "
+    f"name as the hint ({{{name!r}: {linear[0]!r}}}) and match orients it"
+  )
+
+
+def _has_transpose(recipe: ops.Recipe) -> bool:
+  return isinstance(recipe, ops.Transpose) or any(_has_transpose(c) for c in recipe.children())
