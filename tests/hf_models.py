@@ -32,9 +32,11 @@ class Arch:
 
   norm: str = "layer"  # "layer", "rms", "rms1p" (Gemma: x * (1 + w))
   norm_bias: bool = True
-  block: str = "pre"  # "pre", "post" (BERT), "parallel1" (one norm), "parallel2" (two norms)
+  block: str = "pre"  # "pre", "post" (BERT), "parallel1" (one norm), "parallel2" (two norms),
+  # "post_sub" (OLMo 2: x + norm(attn(x)), x + norm(mlp(x)))
   mlp: str = "plain"  # "plain" (act(up) -> down) or "gated" (act(gate) * up -> down)
-  act: str = "gelu"  # "gelu", "gelu_tanh", "relu", "silu"
+  act: str = "gelu"  # "gelu", "gelu_tanh", "relu", "relu2", "silu"
+  qk_norm: str = "none"  # "full" (OLMo 2: over all heads), "head" (Persimmon: per head)
   positions: str = "rotary"  # "rotary", "learned", "none"
   rotary: str = "half"  # "half" (NeoX/Llama), "pairs" (GPT-J/CodeGen)
   rotary_fraction: float = 1.0
@@ -81,6 +83,16 @@ ARCHS: dict[str, Arch] = {
   "roberta": Arch(**_ENCODER, types=True, pos_offset=2, **_BIASES),
   "distilbert": Arch(**_ENCODER, eps=1e-12, **_BIASES),
   "vit": Arch(patches=True, positions="learned", causal=False, head=False, **_BIASES),
+  "gptj": Arch(
+    block="parallel1",
+    act="gelu_tanh",
+    rotary="pairs",
+    rotary_fraction=0.5,
+    mlp_bias=True,
+    head_bias=True,
+  ),
+  "olmo2": Arch(**_LLAMA, block="post_sub", qk_norm="full"),
+  "persimmon": Arch(act="relu2", rotary_fraction=0.5, qk_norm="head", **_BIASES),
 }
 
 
@@ -158,6 +170,8 @@ def _act(a: Arch, x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)
   if a.act == "gelu_tanh":
     return jax.nn.gelu(x, approximate=True)
+  if a.act == "relu2":
+    return jnp.square(jax.nn.relu(x))
   return jax.nn.relu(x) if a.act == "relu" else jax.nn.silu(x)
 
 
@@ -186,8 +200,13 @@ def _rotary(a: Arch, s: Sizes, x: jax.Array) -> jax.Array:
 
 def _attention(a: Arch, s: Sizes, p: dict[str, Any], x: jax.Array) -> jax.Array:
   b, t, _ = x.shape
-  q = _dense(p["q"], x).reshape(b, t, s.heads, s.head_dim)
-  k = _dense(p["k"], x).reshape(b, t, s.kv_heads, s.head_dim)
+  q, k = _dense(p["q"], x), _dense(p["k"], x)
+  if a.qk_norm == "full":
+    q, k = _norm(a, s, p["q_norm"], q), _norm(a, s, p["k_norm"], k)
+  q = q.reshape(b, t, s.heads, s.head_dim)
+  k = k.reshape(b, t, s.kv_heads, s.head_dim)
+  if a.qk_norm == "head":
+    q, k = _norm(a, s, p["q_norm"], q), _norm(a, s, p["k_norm"], k)
   v = _dense(p["v"], x).reshape(b, t, s.kv_heads, s.head_dim)
   if a.positions == "rotary":
     q, k = _rotary(a, s, q), _rotary(a, s, k)
@@ -249,7 +268,10 @@ def _patches(s: Sizes, w: dict[str, Any], pixels: np.ndarray) -> jax.Array:
 
 def _encode(a: Arch, s: Sizes, w: dict[str, Any], x: jax.Array) -> jax.Array:
   for p in w["layers"]:
-    if a.block == "post":
+    if a.block == "post_sub":
+      x = x + _norm(a, s, p["post_attn_norm"], _attention(a, s, p, x))
+      x = x + _norm(a, s, p["post_mlp_norm"], _mlp(a, p, x, s))
+    elif a.block == "post":
       x = _norm(a, s, p["attn_norm"], x + _attention(a, s, p, x))
       x = _norm(a, s, p["mlp_norm"], x + _mlp(a, p, x))
     elif a.block == "parallel1":
@@ -294,6 +316,13 @@ def canonical_shapes(a: Arch, s: Sizes) -> dict[str, Any]:
   }
   if a.block != "parallel1":
     layer["mlp_norm"] = norm
+  if a.block == "post_sub":
+    layer["post_attn_norm"] = layer.pop("attn_norm")
+    layer["post_mlp_norm"] = layer.pop("mlp_norm")
+  if a.qk_norm == "full":
+    layer["q_norm"], layer["k_norm"] = {"w": (H * Dh,)}, {"w": (KV * Dh,)}
+  elif a.qk_norm == "head":
+    layer["q_norm"] = layer["k_norm"] = {"w": (Dh,), "b": (Dh,)}
   if a.mlp == "gated":
     layer["gate"] = lin(D, F, a.mlp_bias)
   if a.experts:
@@ -346,6 +375,8 @@ class Style:
   layer_prefix: str  # "layers_{i}/" (linen), "layers/{i}/" (dict), "layers/" (stacked)
   names: dict[str, str]
   plain_mlp: tuple[str, str] = ("mlp/up", "mlp/down")  # a non-gated MLP's two layers
+  # the leaf names: a weight, a bias, an embedding table, a norm's scale and its bias
+  leaves: tuple[str, str, str, str, str] = ("kernel", "bias", "embedding", "scale", "bias")
 
 
 # the MLP, mixture of experts and output of both flax-module styles
@@ -376,6 +407,10 @@ STYLES = {
       "embed_norm": "embed_norm",
       "attn_norm": "attention_norm",
       "mlp_norm": "mlp_norm",
+      "post_attn_norm": "post_attention_norm",
+      "post_mlp_norm": "post_mlp_norm",
+      "q_norm": "attention/query_norm",
+      "k_norm": "attention/key_norm",
       "q": "attention/query",
       "k": "attention/key",
       "v": "attention/value",
@@ -398,6 +433,10 @@ STYLES = {
       "embed_norm": "embed_norm",
       "attn_norm": "attn_norm",
       "mlp_norm": "mlp_norm",
+      "post_attn_norm": "post_attn_norm",
+      "post_mlp_norm": "post_mlp_norm",
+      "q_norm": "attn/q_norm",
+      "k_norm": "attn/k_norm",
       "q": "attn/q",
       "k": "attn/k",
       "v": "attn/v",
@@ -420,6 +459,10 @@ STYLES = {
       "embed_norm": "embed_norm",
       "attn_norm": "attention_norm",
       "mlp_norm": "ffn_norm",
+      "post_attn_norm": "post_attention_norm",
+      "post_mlp_norm": "post_ffn_norm",
+      "q_norm": "attention/q_norm",
+      "k_norm": "attention/k_norm",
       "q": "attention/q",
       "k": "attention/k",
       "v": "attention/v",
@@ -435,6 +478,35 @@ STYLES = {
       "head": "output",
     },
     plain_mlp=("feed_forward/w_in", "feed_forward/w_out"),
+  ),
+  "haiku": Style(  # haiku/penzai-style names: a module per layer, w/b leaves, norms scale/offset
+    "haiku",
+    stacked=False,
+    split_heads=False,
+    layer_prefix="layer_{i}/",
+    names={
+      "patch": "patch_embed",
+      "cls": "cls_token",
+      "embed": "embed",
+      "pos": "pos_embed",
+      "type": "type_embed",
+      "embed_norm": "embed_ln",
+      "attn_norm": "ln1",
+      "mlp_norm": "ln2",
+      "post_attn_norm": "post_attn_ln",
+      "post_mlp_norm": "post_mlp_ln",
+      "q_norm": "attn/q_ln",
+      "k_norm": "attn/k_ln",
+      "q": "attn/q",
+      "k": "attn/k",
+      "v": "attn/v",
+      "o": "attn/o",
+      **_FLAX_MLP,
+      "final_norm": "final_ln",
+      "head": "unembed",
+    },
+    plain_mlp=("mlp/fc1", "mlp/fc2"),
+    leaves=("w", "b", "embeddings", "scale", "offset"),
   ),
 }
 # Meta names its projections wq/wk/wv/wo and w1/w2/w3, biases bq...: spelled out here
@@ -467,14 +539,15 @@ def _leaf_name(style: Style, role: str, kind: str, gated: bool) -> str:
   )
   if role == "cls":  # a bare parameter in every style
     return path
-  if kind == "b":
-    leaf = "bias"
+  weight, bias, table, scale, shift = style.leaves
+  if "norm" in role:
+    leaf = shift if kind == "b" else scale
+  elif kind == "b":
+    leaf = bias
   elif role in ("embed", "pos", "type"):
-    leaf = "embedding"
-  elif "norm" in role:
-    leaf = "scale"
+    leaf = table
   else:
-    leaf = "kernel"
+    leaf = weight
   return f"{path}/{leaf}"
 
 

@@ -160,6 +160,24 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     ),
     "logits",
   ),
+  "gptj": (  # parallel attention and MLP over one norm, rotary on pairs of half the head
+    "GPTJConfig",
+    "GPTJForCausalLM",
+    dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=P, **_UNTIED),
+    "logits",
+  ),
+  "olmo2": (  # post-norms (post_attention_layernorm is the attention's), q/k RMS norms
+    "Olmo2Config",
+    "Olmo2ForCausalLM",
+    dict(**_GQA, **_UNTIED),
+    "logits",
+  ),
+  "persimmon": (  # fused per-head qkv, per-head q/k LayerNorms, relu squared, half rotary
+    "PersimmonConfig",
+    "PersimmonForCausalLM",
+    dict(**_SMALL, intermediate_size=64, **_UNTIED),
+    "logits",
+  ),
   "distilbert": (
     "DistilBertConfig",
     "DistilBertModel",

@@ -175,7 +175,7 @@ def _layer_groups(
 def _layer_choices(
   decided: Mapping[str, tuple[str, ...]],
 ) -> dict[str, tuple[set[tuple[str, ...]], str]]:
-  out = {}
+  out: dict[str, tuple[set[tuple[str, ...]], str]] = {}
   for name, keys in decided.items():
     if keys and template(name) != name:
       t = template(name)
