@@ -99,6 +99,7 @@ def match(
   given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
   ck = _read_checkpoint(slots, source, keys, config, frozenset(given))
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
+  ck.hinted_convention = evidence.hinted_convention(slots, ck, name_hints)
   proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
   used = {k for p in proposals.values() for k in p.keys}

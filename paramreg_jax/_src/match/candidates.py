@@ -181,8 +181,10 @@ def _single(
   sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
   if sc.kind != tc.kind and not hinted:
     return []
-  if hinted and ck.convention_by != "shapes" and tc.name.rsplit("/", 1)[-1] != "kernel":
-    convention = None  # the hint names the tensor; only its shape can orient it
+  if hinted and ck.hinted_convention:
+    convention = ck.hinted_convention  # what the hinted pairs' own shapes show
+  elif hinted and ck.convention_by != "shapes" and tc.name.rsplit("/", 1)[-1] != "kernel":
+    convention = None  # nothing but the config: only the shape can orient it
   out = []
   score = tc.similarity(sc)
   for how, build in _layouts(sshape, shape, is_linear(sc, sshape)):

@@ -55,7 +55,7 @@ def choose(
     if problem:
       problems[names[0]] = problem
   out = list(problems.values())
-  out += _publish(picked, proposals, hinted)
+  out += _publish(picked, proposals, hinted, ranked)
   return out
 
 
@@ -83,10 +83,18 @@ def _best(
       continue  # maybe a tied head; decided in tie_heads
     rivals = [c for c in cands[1:] if c.score == cands[0].score]
     if rivals:
-      open_[slot.name] = [cands[0], *rivals]
+      open_[slot.name] = every  # the equal best first, then everything else that fits
     else:
       picked[slot.name] = cands[0]
   return picked, open_
+
+
+def _top(cands: list[Candidate]) -> list[Candidate]:
+  """What evidence may choose among: the equal-best by name, or every candidate when none is
+  named like the target."""
+  if cands[0].score < MIN_SCORE:
+    return cands
+  return [c for c in cands if c.score == cands[0].score]
 
 
 def _decided(picked: dict[str, Candidate], proposals: dict[str, Proposal]) -> dict[str, Any]:
@@ -135,7 +143,10 @@ def _fused_groups(picked: dict[str, Candidate]) -> dict[Any, list[str]]:
 
 
 def _publish(
-  picked: dict[str, Candidate], proposals: dict[str, Proposal], hinted: frozenset[str]
+  picked: dict[str, Candidate],
+  proposals: dict[str, Proposal],
+  hinted: frozenset[str],
+  ranked: dict[str, list[Candidate]],
 ) -> list[str]:
   """Proposes every picked candidate whose keys no other target claims; a key a hint uses is
   never taken by another target's best guess (and never by elimination either: that target is
@@ -155,15 +166,18 @@ def _publish(
       continue
     taken = sorted({by_hint[k] for k in cand.keys if by_hint.get(k, name) != name})
     clash = sorted({n for k in cand.keys for n in owners[k] if n != name})
+    every = "".join(f"\n{_listed(c)}" for c in distinct(ranked.get(name, []))[:_LISTED])
+    ask = f"\n    name the right one: hints={{{name!r}: '<checkpoint name>'}}"
     if taken and name not in hinted:
       problems.append(
         f"{name}: its best candidate {shown(cand)} [{cand.reason}] is what the hint for "
-        f"{', '.join(taken)} names; nothing else is chosen for it by elimination: give "
-        f"{name!r} a hint too"
+        f"{', '.join(taken)} names; nothing else is chosen for it by elimination; its "
+        f"candidates:{every}{ask}"
       )
     elif clash:
       problems.append(
-        f"{name}: ambiguous: {shown(cand)} is also the best match of {', '.join(clash)}"
+        f"{name}: ambiguous: {shown(cand)} is also the best match of {', '.join(clash)}; "
+        f"its candidates:{every}{ask}"
       )
     else:
       proposals[name] = Proposal(name, cand.build(), cand.reason, cand.keys)
@@ -185,15 +199,22 @@ _LISTED = 12  # candidates a refusal lists in full
 
 def ambiguous(name: str, cands: list[Candidate], lead: str = "") -> str:
   """The problem for a parameter that several candidates fit equally: every candidate with
-  its recipe and why it is one. No pick is offered: nothing tells them apart."""
+  its recipe and why it is one (the equal best, then the rest that fit its shape). No pick is
+  offered: nothing tells them apart."""
+  top = _top(cands) if cands[0].score >= MIN_SCORE else cands
   lines = [
-    f"{lead or name + ':'} ambiguous between {len(cands)} candidates of equal score "
+    f"{lead or name + ':'} ambiguous between {len(top)} candidates of equal score "
     "(name, shape and config do not tell them apart):"
   ]
-  lines += [_listed(c) for c in cands[:_LISTED]]
-  if len(cands) > _LISTED:
-    lines.append(f"      ... and {len(cands) - _LISTED} more")
-  if len({c.keys for c in cands}) == 1:
+  lines += [_listed(c) for c in top[:_LISTED]]
+  rest = [c for c in cands if c not in top]
+  if rest:
+    lines.append("    also of its shape, named less like it:")
+    lines += [_listed(c) for c in rest[: max(0, _LISTED - len(top))]]
+  shown_ = min(len(top), _LISTED) + len(rest[: max(0, _LISTED - len(top))])
+  if len(cands) > shown_:
+    lines.append(f"      ... and {len(cands) - shown_} more")
+  if len({c.keys for c in top}) == 1:
     lines.append("    only the layout differs: give the recipe of the right one as the hint")
   else:
     lines.append(

@@ -190,6 +190,9 @@ class Checkpoint:
   conflict: str | None = None  # the problem when the orientation evidence disagrees
   # what said the convention: "shapes" (the target's undecided linear weights), "config", None
   convention_by: str | None = None
+  # the orientation the name hints' own pairs show ("t", "same"; None if they show none or
+  # disagree): a hint says which tensor a parameter is, so its non-square shape is evidence
+  hinted_convention: str | None = None
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -200,6 +203,7 @@ class Checkpoint:
       self.convention,
       self.conflict,
       self.convention_by,
+      self.hinted_convention,
     )
 
   @functools.cached_property
@@ -336,3 +340,22 @@ def linear_convention(
 
 
 _ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
+
+
+def hinted_convention(slots: list[Any], ck: Checkpoint, named: dict[str, list[str]]) -> str | None:
+  """The orientation the name-hinted pairs show by their non-square shapes, if they agree."""
+  said = set()
+  for slot in slots:
+    keys = named.get(slot.name)
+    shape = tuple(slot.shape)[-2:]
+    if not keys or len(shape) < 2 or shape[0] == shape[1]:
+      continue
+    if not linear_target(concepts(slot.name), shape):
+      continue
+    for k in keys:
+      if is_linear(ck.concepts[k], ck.shapes[k]):
+        if ck.shapes[k] == shape:
+          said.add("same")
+        elif ck.shapes[k][::-1] == shape:
+          said.add("t")
+  return said.pop() if len(said) == 1 else None

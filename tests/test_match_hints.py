@@ -1,0 +1,317 @@
+"""Hints and the evidence that spans parameters (``match/hints.py``, ``match/coherence.py``).
+
+What a hint settles (the leaf it names, whatever it is called), what it never does (hand a
+tensor to another leaf by elimination), and the suites' two end-to-end promises: a correct hint
+for every leaf always restores, and pasting a refusal's own suggestions never restores a wrong
+leaf. Every restore is checked by value (the forward pass against PyTorch's output).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+
+import hf_models as hf
+import jax
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax import recipes as R
+from paramreg_jax.sources import MemorySource
+from paramreg_jax.sources import SafetensorsSource
+
+rng = np.random.default_rng(0)
+CASES = sorted(hf.ARCHS)
+
+
+def rand(*shape):
+  return rng.standard_normal(shape).astype(np.float32)
+
+
+def sds(*shape):
+  return jax.ShapeDtypeStruct(shape, np.float32)
+
+
+def setup(name, style_name, *, config=True, tmp_path=None):
+  arch, sizes, cfg, ref = hf.case(name)
+  style = hf.STYLES[style_name]
+  shapes = hf.canonical_shapes(arch, sizes)
+  if arch.head and not cfg.get("tie_word_embeddings", True):
+    shapes = hf.with_head(shapes, arch, sizes)
+  target = hf.target(style, shapes, arch, sizes)
+  path = hf.DATA / name / "model.safetensors"
+  if not config:
+    shutil.copy(path, tmp_path / "model.safetensors")
+    path = tmp_path / "model.safetensors"
+  return arch, sizes, ref, style, shapes, target, SafetensorsSource(path)
+
+
+def forward_matches(arch, sizes, ref, style, shapes, restored):
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+
+
+def flat(tree):
+  return {prj.path_to_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def nested(names_values):
+  out = {}
+  for name, value in names_values.items():
+    node = out
+    *head, last = name.split("/")
+    for part in head:
+      node = node.setdefault(part, {})
+    node[last] = value
+  return out
+
+
+# --- a hint settles what it names, and only that ------------------------------------------------
+
+
+def test_a_short_hint_takes_its_own_kind_and_the_bias_follows_its_module():
+  """``"input_layernorm"`` names a weight and a bias: the hinted ``scale`` takes the weight, and
+  the bias (named like nothing) comes from the same module, never from another norm."""
+  arch, sizes, ref, style, shapes, target, src = setup("persimmon", "nnx")
+  layers = target["layers"]
+  layers["pre_a"] = layers.pop("attn_norm")
+  layers["pre_b"] = layers.pop("mlp_norm")
+  m = prj.match(
+    target,
+    src,
+    hints={
+      "layers/pre_a/scale": "input_layernorm",
+      "layers/pre_b/scale": "post_attention_layernorm",
+    },
+  )
+  text = str(m)
+  assert "layers/pre_a/bias" in text and "module of layers/pre_a/scale" in text
+  restored = prj.restore(target, src, recipes=m)
+  restored["layers"]["attn_norm"] = restored["layers"].pop("pre_a")
+  restored["layers"]["mlp_norm"] = restored["layers"].pop("pre_b")
+  forward_matches(arch, sizes, ref, style, shapes, restored)
+
+
+def test_a_hinted_tensor_is_never_given_to_another_leaf_by_elimination(tmp_path):
+  """OLMo 2 without its config: ``post_attention_layernorm`` reads as Llama's MLP norm, so the
+  two post-norms cannot be told apart. A hint for one settles that one; the other is refused
+  (listing the true tensor), never handed what is left over."""
+  *_, target, src = setup("olmo2", "flax", config=False, tmp_path=tmp_path)
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src)
+  text = str(info.value)
+  assert "layers_0/post_attention_norm/scale" in text
+  assert "'model.layers.0.post_attention_layernorm.weight'" in text  # the true tensor is listed
+  assert "choose the first" not in text
+  wrong = {"layers_{i}/post_attention_norm/scale": "model.layers.{i}.post_feedforward_layernorm"}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src, hints=wrong)
+  text = str(info.value)
+  assert "layers_0/post_mlp_norm/scale: its best candidate" in text
+  assert "is what the hint for layers_0/post_attention_norm/scale names" in text
+  assert "nothing else is chosen for it by elimination" in text
+  assert "'model.layers.0.post_attention_layernorm.weight'" in text  # still listed
+
+
+def test_the_right_hint_for_one_post_norm_leaves_the_other_to_its_own_evidence(tmp_path):
+  arch, sizes, ref, style, shapes, target, src = setup(
+    "olmo2", "flax", config=False, tmp_path=tmp_path
+  )
+  right = {"layers_{i}/post_attention_norm/scale": "model.layers.{i}.post_attention_layernorm"}
+  m = prj.match(target, src, hints=right)
+  assert m.hint_effects == ()  # post_mlp_norm was decided by its name before and after
+  forward_matches(arch, sizes, ref, style, shapes, prj.restore(target, src, recipes=m))
+
+
+def test_the_config_settles_olmo2s_post_norms_and_the_report_shows_it():
+  arch, sizes, ref, style, shapes, target, src = setup("olmo2", "flax")
+  m = prj.match(target, src)
+  assert ("post_attention_layernorm", "the attention's post-norm") in m.facts
+  forward_matches(arch, sizes, ref, style, shapes, prj.restore(target, src, recipes=m))
+
+
+def test_what_a_hint_changes_elsewhere_is_reported():
+  ck = {
+    "proj.weight": rand(6, 4),
+    "proj.bias": rand(6),
+    "other.weight": rand(6, 4),
+    "other.bias": rand(6),
+  }
+  target = {"mystery": {"kernel": sds(4, 6), "bias": sds(6)}}
+  src = MemorySource(ck, config={"model_type": "llama"})
+  with pytest.raises(prj.MatchError, match="mystery/bias"):
+    prj.match(target, src)
+  m = prj.match(target, src, hints={"mystery/kernel": "other.weight"})
+  got = prj.restore(target, src, recipes=m)
+  np.testing.assert_array_equal(got["mystery"]["bias"], ck["other.bias"])
+  np.testing.assert_array_equal(got["mystery"]["kernel"], ck["other.weight"].T)
+  (effect,) = m.hint_effects
+  assert effect[0] == "mystery/bias" and effect[2] == "source('other.bias')"
+  assert "changed by the hints (parameters they do not name):" in str(m)
+
+
+# --- hints always work ----------------------------------------------------------------------------
+
+
+def test_a_hint_that_names_a_tensor_works_whatever_the_leaf_is_called():
+  ck = {
+    "encoder.layer.0.output.LayerNorm.bias": rand(8),
+    "encoder.layer.0.output.LayerNorm.weight": rand(8),
+  }
+  target = {"blocks": [{"mlp_norm": {"zz": sds(8), "scale": sds(8)}}]}
+  src = MemorySource(ck)
+  hints = {"blocks/0/mlp_norm/zz": "encoder.layer.0.output.LayerNorm.bias"}
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  np.testing.assert_array_equal(
+    got["blocks"][0]["mlp_norm"]["zz"], ck[hints["blocks/0/mlp_norm/zz"]]
+  )
+  np.testing.assert_array_equal(
+    got["blocks"][0]["mlp_norm"]["scale"], ck["encoder.layer.0.output.LayerNorm.weight"]
+  )
+
+
+def test_layer_template_hints_stack_under_a_linen_scan_target():
+  ck = {f"model.layers.{i}.self_attn.q_proj.weight": rand(8, 4) for i in range(3)}
+  target = {"ScanBlock_0": {"attn": {"q": {"kernel": sds(3, 4, 8)}}}}
+  src = MemorySource(ck, config={"model_type": "llama"})
+  hints = {"ScanBlock_0/attn/q/kernel": "model.layers.{i}.self_attn.q_proj"}
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  for i in range(3):
+    want = ck[f"model.layers.{i}.self_attn.q_proj.weight"].T
+    np.testing.assert_array_equal(got["ScanBlock_0"]["attn"]["q"]["kernel"][i], want)
+
+
+def test_a_target_that_keeps_out_in_restores_with_every_linear_weight_hinted():
+  ck = {"layers.0.q_proj.weight": rand(4, 4), "layers.0.k_proj.weight": rand(2, 4)}
+  target = {"layers": [{"wq": {"weight": sds(4, 4)}, "wk": {"weight": sds(2, 4)}}]}
+  src = MemorySource(ck, config={"model_type": "llama"})
+  hints = {
+    "layers/0/wq/weight": R.source("layers.0.q_proj.weight"),
+    "layers/0/wk/weight": R.source("layers.0.k_proj.weight"),
+  }
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  np.testing.assert_array_equal(got["layers"][0]["wq"]["weight"], ck["layers.0.q_proj.weight"])
+  np.testing.assert_array_equal(got["layers"][0]["wk"]["weight"], ck["layers.0.k_proj.weight"])
+  # by name, the hinted pairs' own shapes show the orientation: still as stored
+  named = {"layers/0/wq/weight": "layers.0.q_proj.weight", "layers/0/wk/weight": "layers.0.k_proj"}
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=named))
+  np.testing.assert_array_equal(got["layers"][0]["wq"]["weight"], ck["layers.0.q_proj.weight"])
+
+
+def test_an_ssm_state_parameter_is_not_a_linear_weight():
+  ck = {
+    "backbone.layers.0.mixer.A_log": rand(16, 4),
+    "backbone.layers.0.mixer.in_proj.weight": rand(32, 8),
+  }
+  target = {"layers": [{"mixer": {"A_log": sds(16, 4), "in_proj": {"kernel": sds(8, 32)}}}]}
+  src = MemorySource(ck, config={"model_type": "mamba"})
+  hints = {"layers/0/mixer/A_log": R.source("backbone.layers.0.mixer.A_log")}
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  np.testing.assert_array_equal(
+    got["layers"][0]["mixer"]["A_log"], ck["backbone.layers.0.mixer.A_log"]
+  )
+  # with no hint: A_log as stored (no orientation asked), in_proj transposed as a kernel
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  mixer = got["layers"][0]["mixer"]
+  np.testing.assert_array_equal(mixer["A_log"], ck["backbone.layers.0.mixer.A_log"])
+  np.testing.assert_array_equal(
+    mixer["in_proj"]["kernel"], ck["backbone.layers.0.mixer.in_proj.weight"].T
+  )
+
+
+def test_one_template_hint_serves_every_per_layer_module():
+  arch, sizes, ref, style, shapes, target, src = setup("llama", "flax")
+  for i in range(sizes.layers):
+    target[f"layers_{i}"]["pre_a"] = target[f"layers_{i}"].pop("attention_norm")
+  with pytest.raises(prj.MatchError, match="layers_1/pre_a/scale"):
+    prj.match(target, src)
+  m = prj.match(target, src, hints={"layers_{i}/pre_a/scale": "model.layers.{i}.input_layernorm"})
+  restored = prj.restore(target, src, recipes=m)
+  for i in range(sizes.layers):
+    restored[f"layers_{i}"]["attention_norm"] = restored[f"layers_{i}"].pop("pre_a")
+  forward_matches(arch, sizes, ref, style, shapes, restored)
+  with pytest.raises(prj.MatchError, match=r"'layers_\{i\}/pre_b/scale' \(no target name fits"):
+    prj.match(target, src, hints={"layers_{i}/pre_b/scale": "input_layernorm"})
+
+
+# --- the suites' promises -------------------------------------------------------------------------
+
+
+def _hint_for(p, proposals):
+  """The correct hint for one proposal: the checkpoint name when it is one tensor (or one name
+  template over the layers), else the recipe."""
+  if p.alias_of is not None:
+    return proposals[p.alias_of].recipe
+  plain = "part of fused" not in p.reason and "joined" not in p.reason
+  numbers = {len(re.findall(r"(?<=\.)\d+(?=\.)", k)) for k in p.keys}
+  if plain and len(p.keys) == 1:
+    return p.keys[0]
+  if plain and numbers == {1}:
+    return re.sub(r"(?<=\.)\d+(?=\.)", "{i}", p.keys[0])
+  return p.recipe
+
+
+@pytest.mark.parametrize("style", sorted(hf.STYLES))
+@pytest.mark.parametrize("name", CASES)
+def test_a_correct_hint_for_every_leaf_restores_whatever_the_leaves_are_called(name, style):
+  arch, sizes, ref, style_, shapes, target, src = setup(name, style)
+  proposals = {p.target: p for p in prj.match(target, src).proposals}
+  names = list(flat(target))
+  opaque = {f"p{j}": leaf for j, leaf in enumerate(flat(target).values())}
+  hints = {f"p{j}": _hint_for(proposals[n], proposals) for j, n in enumerate(names)}
+  restored = prj.restore(opaque, src, recipes=prj.match(opaque, src, hints=hints))
+  back = nested({n: restored[f"p{j}"] for j, n in enumerate(names)})
+  forward_matches(arch, sizes, ref, style_, shapes, back)
+
+
+_SUGGESTED = re.compile(r"hints=(\{'[^{}]*'\})")
+
+
+def _suggested(error):
+  """The paste-ready hints a refusal suggests (not a template with a placeholder)."""
+  out = {}
+  for problem in error.problems:
+    for found in _SUGGESTED.findall(str(problem)):
+      if "<" not in found:
+        out.update(ast.literal_eval(found))
+  return out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_pasting_a_refusals_suggestions_never_restores_a_wrong_leaf(name, tmp_path):
+  """Without config.json (fused layouts, norm roles, tied heads unknown), and with the norms
+  renamed: paste what each refusal suggests and try again, until it restores (and then the
+  forward pass is right) or nothing more is suggested."""
+  for variant in ("no config", "renamed norms"):
+    folder = tmp_path / variant.replace(" ", "_")
+    folder.mkdir()
+    arch, sizes, ref, style, shapes, target, src = setup(
+      name, "flax", config=variant != "no config", tmp_path=folder
+    )
+    renamed = {}
+    if variant == "renamed norms":
+      for key in list(target):
+        for old, new in (("attention_norm", "pre_a"), ("mlp_norm", "pre_b")):
+          if key.startswith("layers_") and old in target[key]:
+            target[key][new] = target[key].pop(old)
+            renamed[new] = old
+    hints: dict = {}
+    for _ in range(6):
+      try:
+        m = prj.match(target, src, hints=hints)
+      except prj.MatchError as e:
+        more = {k: v for k, v in _suggested(e).items() if k not in hints}
+        if not more:
+          break
+        hints.update(more)
+        continue
+      restored = prj.restore(target, src, recipes=m)
+      for key in restored:
+        for new, old in renamed.items():
+          if isinstance(restored[key], dict) and new in restored[key]:
+            restored[key][old] = restored[key].pop(new)
+      forward_matches(arch, sizes, ref, style, shapes, restored)
+      break
