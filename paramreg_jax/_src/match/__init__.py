@@ -13,13 +13,16 @@ the concept (data flows down the list):
 3. ``candidates``: the tensors a layout change can turn into each target: the same shape, a
    transpose, heads split or merged, a conv kernel, one part of a fused tensor, the parts
    joined, each stacked over layers (and experts).
-4. ``decide``: **it never guesses**. A target gets a tensor only when that tensor is its single
-   best candidate; a fused tensor is split only in a layout known for that checkpoint; a head
-   is tied only on evidence; conflicting orientation evidence refuses.
+4. ``decide`` (with ``coherence``): **it never guesses**. A target gets a tensor only when
+   that tensor is its single best candidate, or its decided siblings (one target module comes
+   from one checkpoint module) or the other layers (a choice holds in every layer) single it
+   out; a fused tensor is split only in a layout known for that checkpoint; a head is tied
+   only on evidence; conflicting evidence refuses, listing every candidate, never a pick.
 5. ``report``: the :class:`Match` (a ``RecipeSet``): table, HTML, facts, ``to_python``.
 
-``hints`` (checkpoint names, or recipes) settle what the evidence cannot; every proposal is
-validated by :func:`plan_restore` before it is returned.
+``hints`` (``hints.py``) settle what the evidence cannot, each only the leaf it names.
+
+Every proposal is validated by :func:`plan_restore` before it is returned.
 """
 
 from __future__ import annotations
@@ -62,9 +65,12 @@ def match(
     hints: ``{target name: hint}`` for what names and shapes cannot settle. A hint is a
       checkpoint name (``"model.norm.weight"``), a part of one that names it in every layer
       (``"input_layernorm"``, ``"layers.{i}.ln_1"``), and ``match`` derives the transpose,
-      stack or split; or a recipe, used as given (checked against the parameter's shape,
-      dtype and the checkpoint's orientation). Hinted keys are not offered to other
-      parameters.
+      stack or split; or a recipe, used as given (checked against the parameter's shape, dtype
+      and, where the evidence determines it, the orientation). A target name with ``{i}``
+      (``"layers_{i}/norm/scale"``) serves every per-layer module. A hint settles the leaf it
+      names and only that: the others are decided by the same rules (a kernel's module
+      decides its bias), a tensor a hint uses is never given to another leaf by elimination,
+      and ``Match.hint_effects`` lists what the hints changed elsewhere.
     config: the checkpoint's ``config.json`` as a dict, when the source does not carry it
       (``SafetensorsSource`` reads the one beside its file). It says the fused-tensor layouts,
       head counts and whether the head is tied.
