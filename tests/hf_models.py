@@ -36,8 +36,10 @@ class Arch:
   # "post_sub" (OLMo 2: x + norm(attn(x)), x + norm(mlp(x)))
   mlp: str = "plain"  # "plain" (act(up) -> down) or "gated" (act(gate) * up -> down)
   act: str = "gelu"  # "gelu", "gelu_tanh", "relu", "relu2", "silu"
-  qk_norm: str = "none"  # "full" (OLMo 2: over all heads), "head" (Persimmon: per head)
-  positions: str = "rotary"  # "rotary", "learned", "none"
+  # "full" (OLMo 2: over all heads), "head" (Persimmon: one per head_dim, shared by the heads),
+  # "per_head" (StableLM: one norm for each head)
+  qk_norm: str = "none"
+  positions: str = "rotary"  # "rotary", "learned", "alibi" (BLOOM, MPT), "none"
   rotary: str = "half"  # "half" (NeoX/Llama), "pairs" (GPT-J/CodeGen)
   rotary_fraction: float = 1.0
   pos_offset: int = 0  # OPT: 2; RoBERTa: padding_idx + 1
@@ -93,6 +95,12 @@ ARCHS: dict[str, Arch] = {
   ),
   "olmo2": Arch(**_LLAMA, block="post_sub", qk_norm="full"),
   "persimmon": Arch(act="relu2", rotary_fraction=0.5, qk_norm="head", **_BIASES),
+  "bloom": Arch(act="gelu_tanh", positions="alibi", embed_norm=True, **_BIASES),
+  "mpt": Arch(positions="alibi", norm_bias=False),
+  "stablelm": Arch(
+    mlp="gated", act="silu", rotary_fraction=0.25, qk_norm="per_head", qkv_bias=True
+  ),
+  "mixtral_fused": Arch(**_LLAMA, experts=True),
 }
 
 
@@ -146,6 +154,7 @@ class Sizes:
 
 
 def case(name: str) -> tuple[Arch, Sizes, dict[str, Any], dict[str, np.ndarray]]:
+  """The architecture, sizes, config and reference outputs of the fixture ``name``."""
   config = json.loads((DATA / name / "config.json").read_text())
   ref = dict(np.load(DATA / name / "reference.npz"))
   return ARCHS[name], Sizes.of(config, ARCHS[name]), config, ref
@@ -205,7 +214,7 @@ def _attention(a: Arch, s: Sizes, p: dict[str, Any], x: jax.Array) -> jax.Array:
     q, k = _norm(a, s, p["q_norm"], q), _norm(a, s, p["k_norm"], k)
   q = q.reshape(b, t, s.heads, s.head_dim)
   k = k.reshape(b, t, s.kv_heads, s.head_dim)
-  if a.qk_norm == "head":
+  if a.qk_norm in ("head", "per_head"):  # a [head_dim] or a [heads, head_dim] norm
     q, k = _norm(a, s, p["q_norm"], q), _norm(a, s, p["k_norm"], k)
   v = _dense(p["v"], x).reshape(b, t, s.kv_heads, s.head_dim)
   if a.positions == "rotary":
@@ -213,6 +222,9 @@ def _attention(a: Arch, s: Sizes, p: dict[str, Any], x: jax.Array) -> jax.Array:
   k = jnp.repeat(k, s.heads // s.kv_heads, axis=2)
   v = jnp.repeat(v, s.heads // s.kv_heads, axis=2)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(s.head_dim)
+  if a.positions == "alibi":  # slope_h * key position (BLOOM's and MPT's at a power-of-2 heads)
+    slopes = 2.0 ** (-8.0 * np.arange(1, s.heads + 1) / s.heads)
+    logits = logits + (slopes[:, None, None] * np.arange(t)[None, None, :]).astype(np.float32)
   if a.causal:
     logits = jnp.where(np.tril(np.ones((t, t), bool)), logits, -1e30)
   out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v).reshape(b, t, -1)
@@ -323,6 +335,8 @@ def canonical_shapes(a: Arch, s: Sizes) -> dict[str, Any]:
     layer["q_norm"], layer["k_norm"] = {"w": (H * Dh,)}, {"w": (KV * Dh,)}
   elif a.qk_norm == "head":
     layer["q_norm"] = layer["k_norm"] = {"w": (Dh,), "b": (Dh,)}
+  elif a.qk_norm == "per_head":
+    layer["q_norm"], layer["k_norm"] = {"w": (H, Dh)}, {"w": (KV, Dh)}
   if a.mlp == "gated":
     layer["gate"] = lin(D, F, a.mlp_bias)
   if a.experts:

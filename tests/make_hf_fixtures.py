@@ -5,6 +5,10 @@ Each case is a randomly initialised ``transformers`` model at toy size, saved as
 plus ``reference.npz``: fixed ``input_ids`` and the model's output (logits for a causal LM, the
 last hidden state for an encoder), computed by PyTorch in float32.
 
+A name ending in ``_fused`` is saved in transformers 5's own layout (``save_original_format=False``:
+MoE experts fused into ``gate_up_proj``/``down_proj``), with the same model saved per expert
+(the default) in ``per_expert/``.
+
 The test suite needs neither torch nor transformers: it reads these files. To regenerate
 (for example after adding a case)::
 
@@ -178,6 +182,30 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     dict(**_SMALL, intermediate_size=64, **_UNTIED),
     "logits",
   ),
+  "bloom": (  # ALiBi, per-head fused qkv, a norm after the embedding, tied head
+    "BloomConfig",
+    "BloomForCausalLM",
+    dict(hidden_size=32, n_layer=2, n_head=4),
+    "logits",
+  ),
+  "mpt": (  # ALiBi, contiguous fused Wqkv, no biases (norms included), tied head
+    "MptConfig",
+    "MptForCausalLM",
+    dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=P),
+    "logits",
+  ),
+  "stablelm": (  # per-head q/k LayerNorms (one module per head), quarter rotary, qkv biases
+    "StableLmConfig",
+    "StableLmForCausalLM",
+    dict(**_GQA, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=True, **_UNTIED),
+    "logits",
+  ),
+  "mixtral_fused": (  # transformers 5's fused experts; per_expert/ holds the same model per expert
+    "MixtralConfig",
+    "MixtralForCausalLM",
+    dict(**_GQA, num_local_experts=4, num_experts_per_tok=2, **_UNTIED),
+    "logits",
+  ),
   "distilbert": (
     "DistilBertConfig",
     "DistilBertModel",
@@ -209,10 +237,14 @@ def make(name: str) -> None:
         p.add_(0.1 * torch.randn_like(p))
   out = OUT / name
   shutil.rmtree(out, ignore_errors=True)
-  model.save_pretrained(out, safe_serialization=True)
-  for extra in out.iterdir():
-    if extra.name not in ("model.safetensors", "config.json"):
-      extra.unlink()
+  fused = name.endswith("_fused")  # transformers 5's own layout (MoE experts fused)
+  model.save_pretrained(out, safe_serialization=True, save_original_format=not fused)
+  if fused:
+    model.save_pretrained(out / "per_expert", safe_serialization=True)
+  for folder in (out, out / "per_expert"):
+    for extra in folder.iterdir() if folder.exists() else ():
+      if extra.name not in ("model.safetensors", "config.json", "per_expert"):
+        extra.unlink()
   extra = {}
   if config_cls in ("T5Config", "WhisperConfig"):  # the decoder reads its own tokens
     extra["decoder_input_ids"] = (

@@ -233,39 +233,54 @@ def _stacked(
   tc: Concepts, shape: tuple[int, ...], ck: Checkpoint, hinted: bool = False
 ) -> list[Candidate]:
   """A target whose leading axes stack per-layer (``layers``) and/or per-expert (``experts``)
-  tensors of one name template: ``[L, ...]``, ``[E, ...]`` in a layer, or ``[L, E, ...]``.
+  or per-head (``heads``: StableLM's one norm module per head) tensors of one name template:
+  ``[L, ...]``, ``[E, ...]`` in a layer, ``[L, E, ...]``, ``[H, ...]``, ``[L, H, ...]``.
   A hint's tensors stack whatever the target is called (``ScanBlock_0/...``)."""
   out = []
-  for depth in (1, 2):
-    levels = (("layers",) if not tc.indices else ()) + ("experts",) * (depth - (not tc.indices))
-    if len(levels) != depth or len(shape) <= depth:
+  per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
+  n = len(tc.indices)
+  for (tokens, kind), by_index in ck.templates.items():
+    if kind != tc.kind and not hinted:
       continue
-    if not hinted and not set(levels) <= tc.tokens:
-      continue
-    grid = list(itertools.product(*(range(n) for n in shape[:depth])))
-    per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
-    for (tokens, kind), by_index in ck.templates.items():
-      if (kind != tc.kind and not hinted) or not (hinted or set(levels) <= tokens):
+    inner = "heads" if "heads" in tokens else "experts"
+    for depth in (1, 2):
+      levels = (("layers",) if not n else ()) + (inner,) * (depth - (not n))
+      if len(levels) != depth or len(shape) <= depth or not set(levels) <= tokens | {"layers"}:
         continue
-      n = len(tc.indices)
+      named = set(levels) - {"heads"}  # a target names its layer and expert axes, not heads
+      if not hinted and not (named <= tc.tokens and set(levels) <= tokens):
+        continue
+      grid = list(itertools.product(*(range(m) for m in shape[:depth])))
       entries = {
         idx[n:]: k for idx, k in by_index.items() if idx[:n] == tc.indices and len(idx) == n + depth
       }
       if sorted(entries) != grid:
         continue
       keys = [entries[ix] for ix in grid]
-      for single in _single(per_item, shape[depth:], keys[0], ck, hinted):
-        if single.fused is not None:
-          if depth == 1:
-            out.append(
-              Candidate(
-                single.score, tuple(keys), single.reason, None, fused=(tuple(keys), single.fused[1])
-              )
-            )
-          continue
-        what = " × ".join(f"{m} {lv}" for m, lv in zip(shape[:depth], levels))
-        build = functools.partial(_build_stack, single.build(), keys, shape[:depth])
-        out.append(Candidate(single.score, tuple(keys), f"{single.reason}, stacked {what}", build))
+      out.extend(_stacked_items(per_item, shape, depth, levels, keys, ck, hinted))
+  return out
+
+
+def _stacked_items(
+  per_item: Concepts,
+  shape: tuple[int, ...],
+  depth: int,
+  levels: tuple[str, ...],
+  keys: list[str],
+  ck: Checkpoint,
+  hinted: bool,
+) -> list[Candidate]:
+  """Every way the first key becomes one item, repeated over ``keys`` and stacked."""
+  out = []
+  for single in _single(per_item, shape[depth:], keys[0], ck, hinted):
+    if single.fused is not None:
+      if depth == 1:
+        fused = (tuple(keys), single.fused[1])
+        out.append(Candidate(single.score, tuple(keys), single.reason, None, fused=fused))
+      continue
+    what = " × ".join(f"{m} {lv}" for m, lv in zip(shape[:depth], levels))
+    build = functools.partial(_build_stack, single.build(), keys, shape[:depth])
+    out.append(Candidate(single.score, tuple(keys), f"{single.reason}, stacked {what}", build))
   return out
 
 

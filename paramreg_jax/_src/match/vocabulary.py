@@ -77,6 +77,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   # mixture of experts
   **{w: ("moe",) for w in ("moe", "block_sparse_moe", "sparse_moe", "switch_mlp")},
   **{w: ("experts",) for w in ("experts", "expert")},
+  "norms": ("heads",),  # StableLM: q_layernorm.norms.{h}, one norm module per head
   **{w: ("router",) for w in ("router", "gating", "w_gate_router")},
   # norms
   **{w: ("norm",) for w in ("norm", "layernorm", "layer_norm", "ln", "rmsnorm", "rms_norm")},
