@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors import safe_open
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
@@ -396,3 +397,48 @@ def test_real_minilm_into_an_nnx_bert_on_flax_nnx_modules_with_no_hints():
   got = np.asarray(model(ref["input_ids"], ref["attention_mask"]))
   real = ref["attention_mask"].astype(bool)
   np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
+
+
+# --- one MoE saved two ways: transformers 5's fused experts and one tensor per expert -----------
+
+MOE = hf.DATA / "mixtral_fused"
+MOE_FILES = {
+  "fused": MOE / "model.safetensors",
+  "per_expert": MOE / "per_expert" / "model.safetensors",
+}
+
+
+def _tensors(path):
+  with safe_open(str(path), "np") as f:
+    return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("style", ["nnx", "flax"])
+def test_one_moe_saved_fused_and_per_expert_restores_into_one_target_and_exports_both(
+  style, tmp_path
+):
+  """The same Mixtral, saved as transformers 5 holds it (``mlp.experts.gate_up_proj``
+  ``[E, 2I, D]``, ``down_proj`` ``[E, D, I]``) and per expert (``experts.{e}.w1``...): both
+  restore into one target, equal to PyTorch's forward; each exports back bit for bit in its own
+  layout, and either restored tree exports to the other layout given that layout's mapping."""
+  arch, sizes, _, ref = hf.case("mixtral_fused")
+  shapes = hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes)
+  target = hf.target(hf.STYLES[style], shapes, arch, sizes)
+  restored, mappings = {}, {}
+  for layout, path in MOE_FILES.items():
+    src = SafetensorsSource(path)
+    mappings[layout] = prj.match(target, src)
+    restored[layout] = prj.restore(target, src, recipes=mappings[layout])
+    weights = hf.to_canonical(hf.STYLES[style], shapes, arch, sizes, restored[layout])
+    got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+    np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=layout)
+  assert "part of fused 'model.layers.0.mlp.experts.gate_up_proj'" in str(mappings["fused"])
+  jax.tree.map(np.testing.assert_array_equal, restored["fused"], restored["per_expert"])
+  for layout, path in MOE_FILES.items():
+    for source_layout in MOE_FILES:  # its own layout, and the other one
+      out = tmp_path / f"{source_layout}-as-{layout}"
+      prj.export(restored[source_layout], mappings[layout], out)
+      want, got = _tensors(path), _tensors(out / "model.safetensors")
+      assert sorted(want) == sorted(got), (source_layout, layout)
+      for k in want:
+        assert want[k].tobytes() == got[k].tobytes(), (source_layout, layout, k)

@@ -245,7 +245,8 @@ def _hint_for(p, proposals):
   template over the layers), else the recipe."""
   if p.alias_of is not None:
     return proposals[p.alias_of].recipe
-  plain = "part of fused" not in p.reason and "joined" not in p.reason
+  # a name cannot say which part of a fused tensor, or which expert of a stacked one
+  plain = not any(w in p.reason for w in ("part of fused", "joined", ", expert "))
   numbers = {len(re.findall(r"(?<=\.)\d+(?=\.)", k)) for k in p.keys}
   if plain and len(p.keys) == 1:
     return p.keys[0]

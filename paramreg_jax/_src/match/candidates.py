@@ -17,9 +17,11 @@ from typing import Any
 
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
+from paramreg_jax._src.match.evidence import layout_by_name
 from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.selection import Range
 
 
 def _reshapes(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
@@ -42,6 +44,8 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     out.append(("conv1d", lambda r: ops.transpose(r, (2, 1, 0))))  # Conv1d OIK -> flax KIO
   if linear and len(src) == 2 and src[::-1] == dst:
     out.append(("t", lambda r: ops.transpose(r, (1, 0))))
+  if linear and len(src) == 3 and dst == (src[0], src[2], src[1]) and src != dst:
+    out.append(("t", lambda r: ops.transpose(r, (0, 2, 1))))  # experts [E, out, in]
   if len(src) == 2 and src != dst and src[::-1] != dst:
     if _reshapes(src[::-1], dst):
       out.append(("t+heads", lambda r: ops.reshape(ops.transpose(r, (1, 0)), dst)))
@@ -62,6 +66,13 @@ class Candidate:
   build: Any  # () -> recipe
   # (key, axis) of a fused tensor this is a part of; (layer keys, axis) when stacked
   fused: tuple[str | tuple[str, ...], int] | None = None
+  # what it takes of its keys, when not all of them: two candidates clash only if they claim
+  # the same (one expert's part of a fused [E, 2I, D] is its own claim)
+  claims: tuple[Any, ...] | None = None
+
+  @property
+  def claimed(self) -> tuple[Any, ...]:
+    return self.claims if self.claims is not None else self.keys
 
 
 def candidates(
@@ -89,11 +100,58 @@ def candidates(
     out.extend(_stacked(tc, shape, ck, hinted))
   if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
     out.extend(_stacked_joined(tc, shape, ck))
+  # one expert's leaf (experts/{e}/w1) from its layer's experts-stacked tensor
+  if tc.indices and "experts" in tc.tokens:
+    out.extend(_per_expert(tc, shape, ck))
   out.sort(key=lambda c: -c.score)
   return out
 
 
 _FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+def _per_expert(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  """Expert ``e``'s leaf from an ``[E, ...]`` tensor of its layer (transformers 5's fused
+  experts): the stacked candidate, then ``select`` expert ``e``. A fused ``gate_up`` is split
+  only where its name says its layout (``[gate | up]``)."""
+  e, outer = tc.indices[-1], tc.indices[:-1]
+  item = Concepts(tc.name, tc.tokens, outer, tc.kind, tc.bare)
+  out = []
+  for key in ck.by_layer.get(outer, ()):
+    sc, sshape = ck.concepts[key], ck.shapes[key]
+    if "experts" not in sc.tokens or len(sshape) != 3 or not 0 <= e < sshape[0]:
+      continue
+    for c in _single(item, (sshape[0], *shape), key, ck):
+      build = c.build
+      if c.fused is not None:
+        build = _expert_part(tc, shape, key, c.fused[1], ck)
+        if build is None:
+          continue
+      pick = functools.partial(_pick_expert, build, e, shape)
+      part = tuple(sorted(tc.tokens & {"gate", "up"})) if c.fused is not None else ()
+      claims = ((key, e, part),)
+      out.append(Candidate(c.score, c.keys, f"{c.reason}, expert {e}", pick, claims=claims))
+  return out
+
+
+def _pick_expert(build: Any, e: int, shape: tuple[int, ...]) -> ops.Recipe:
+  return ops.reshape(ops.select(build(), Range(0, e, e + 1)), shape)
+
+
+def _expert_part(tc: Concepts, shape: tuple[int, ...], key: str, axis: int, ck: Checkpoint) -> Any:
+  """The builder of one part (gate or up) of a fused ``[E, 2I, D]`` over all experts."""
+  part = tc.tokens & {"gate", "up"}
+  stored = ck.shapes[key]
+  width = shape[-1]  # the part's output size ([in, out] target)
+  if len(part) != 1 or layout_by_name(key) != "contiguous" or stored[axis] != 2 * width:
+    return None
+  start = 0 if part == {"gate"} else width
+
+  def build() -> ops.Recipe:
+    r: ops.Recipe = ops.source(key, Range(axis, start, start + width))
+    return ops.transpose(r, (0, 2, 1)) if axis == len(stored) - 2 else r
+
+  return build
 
 
 def _joined(
@@ -187,20 +245,20 @@ def _single(
     convention = None  # nothing but the config: only the shape can orient it
   out = []
   score = tc.similarity(sc)
-  for how, build in _layouts(sshape, shape, is_linear(sc, sshape)):
+  linear = is_linear(sc, sshape[1:] if len(sshape) == 3 and "experts" in sc.tokens else sshape)
+  for how, build in _layouts(sshape, shape, linear):
     if _oriented(how, convention, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
   # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
   fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
-  if len(part) == 1 and fused in sc.tokens and len(sshape) in (1, 2):
+  rank = len(sshape) - ("experts" in sc.tokens and len(sshape) == 3)  # [E, out, in] per expert
+  if len(part) == 1 and fused in sc.tokens and rank in (1, 2):
     rest_t = Concepts("", tc.tokens - part, (), "")
     score = rest_t.similarity(Concepts("", sc.tokens - {fused}, (), ""))
-    axis = 1 if len(sshape) == 2 and convention == "same" else 0
-    if len(sshape) == 1 or convention in (
-      "t",
-      "same",
-    ):  # a weight's fused axis needs the convention
+    # the fused axis: out (``t``: [.., out, in]) or the last (``same``: [.., in, out])
+    axis = len(sshape) - 1 if rank == 2 and convention == "same" else len(sshape) - rank
+    if rank == 1 or convention in ("t", "same"):  # a weight's fused axis needs the convention
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
   return out
 
@@ -218,7 +276,10 @@ _REASONS = {
 def _oriented(
   how: str, convention: str | None, tc: Concepts, sc: Concepts, src: tuple[int, ...]
 ) -> bool:
-  """Whether a layout fits the checkpoint's orientation of linear weights."""
+  """Whether a layout fits the checkpoint's orientation of linear weights (an experts-stacked
+  ``[E, out, in]`` is one linear weight per expert)."""
+  if len(src) == 3 and "experts" in sc.tokens:
+    src = src[1:]
   if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
     return how in ("same", "heads", "conv", "conv1d")
   if convention == "conflict":

@@ -155,17 +155,17 @@ def _publish(
   by_hint.update(
     {k: n for n, c in picked.items() if n in hinted and c.fused is None for k in c.keys}
   )
-  owners: dict[str, list[str]] = {}
+  owners: dict[Any, list[str]] = {}
   for name, cand in picked.items():
     if cand.fused is None:
-      for k in cand.keys:
+      for k in cand.claimed:
         owners.setdefault(k, []).append(name)
   problems = []
   for name, cand in picked.items():
     if cand.fused is not None:
       continue
     taken = sorted({by_hint[k] for k in cand.keys if by_hint.get(k, name) != name})
-    clash = sorted({n for k in cand.keys for n in owners[k] if n != name})
+    clash = sorted({n for k in cand.claimed for n in owners[k] if n != name})
     every = "".join(f"\n{_listed(c)}" for c in distinct(ranked.get(name, []))[:_LISTED])
     ask = f"\n    name the right one: hints={{{name!r}: '<checkpoint name>'}}"
     if taken and name not in hinted:
@@ -248,10 +248,10 @@ def _split_fused(
   names.sort(key=lambda n: min(parts.index(t) for t in tokens[n] if t in parts))
   stored = ck.shapes[keys[0]]
   per_layer = {n: shapes[n][1:] if stacked else shapes[n] for n in names}
-  # each part's width along the fused axis is its target's output size
-  widths = [
-    math.prod(per_layer[n]) if len(stored) == 1 else math.prod(per_layer[n][1:]) for n in names
-  ]
+  # each part's width along the fused axis is its target's output size (a weight's last axes
+  # after [in]; an experts-stacked [E, out, in] keeps E in front)
+  lead = max(len(stored) - 1, 0)
+  widths = [math.prod(per_layer[n][lead:]) for n in names]
   if sum(widths) != stored[axis]:
     return (
       f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but their widths {widths} sum "
@@ -290,10 +290,13 @@ def _split_fused(
     layers = []
     for key in keys:
       recipe: ops.Recipe = ops.source(key, selection)
-      if len(stored) == 2 and axis == 0:  # [out, in] parts: transpose to [in, out]
-        recipe = ops.transpose(recipe, (1, 0))
-      natural = (len(picked),) if len(stored) == 1 else (stored[1 - axis], len(picked))
-      if shape != natural:
+      natural = list(stored)
+      natural[axis] = len(picked)
+      if len(stored) >= 2 and axis == len(stored) - 2:  # [.., out, in] parts: to [.., in, out]
+        order = (*range(len(stored) - 2), len(stored) - 1, len(stored) - 2)
+        recipe = ops.transpose(recipe, order)
+        natural = [natural[i] for i in order]
+      if shape != tuple(natural):
         recipe = ops.reshape(recipe, shape)  # heads split
       layers.append(recipe)
     how = "" if layout == "contiguous" else f" ({str(layout).replace('_', ' ')} layout)"

@@ -136,8 +136,11 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
 
 
 def layout_by_name(key: str) -> str | None:
-  """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``."""
-  return "contiguous" if re.search(r"(^|\.)attn\.c_attn\.", key) else None
+  """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``, and
+  transformers 5's fused experts ``experts.gate_up_proj`` (``[gate | up]``, always)."""
+  if re.search(r"(^|\.)attn\.c_attn\.|(^|\.)experts\.gate_up_proj$", key):
+    return "contiguous"
+  return None
 
 
 def part_rows(

@@ -186,15 +186,21 @@ def indices_code(indices: tuple[int, ...]) -> str:
   return str(list(indices))
 
 
+def _selection_code(sel: Any) -> str | None:
+  if isinstance(sel, ops.sel_lib.Range):
+    return f"prj.Range({sel.axis}, {sel.start}, {sel.stop})"
+  if isinstance(sel, ops.sel_lib.Indices):
+    return f"prj.Indices({sel.axis}, {indices_code(sel.indices)})"
+  return None
+
+
 def code(r: ops.Recipe) -> str:
   """Python source that builds ``r`` with ``paramreg_jax.recipes as R``."""
   if isinstance(r, ops.Source):
-    sel = r.selection
-    if isinstance(sel, ops.sel_lib.Range):
-      return f"R.source({r.key!r}, prj.Range({sel.axis}, {sel.start}, {sel.stop}))"
-    if isinstance(sel, ops.sel_lib.Indices):
-      return f"R.source({r.key!r}, prj.Indices({sel.axis}, {indices_code(sel.indices)}))"
-    return f"R.source({r.key!r})"
+    sel = _selection_code(r.selection)
+    return f"R.source({r.key!r}, {sel})" if sel else f"R.source({r.key!r})"
+  if isinstance(r, ops.Select):
+    return f"R.select({code(r.input)}, {_selection_code(r.selection)})"
   if isinstance(r, ops.Transpose):
     return f"R.transpose({code(r.input)}, {r.axes})"
   if isinstance(r, ops.Reshape):
