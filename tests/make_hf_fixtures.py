@@ -206,6 +206,26 @@ CASES: dict[str, tuple[str, str, dict, str]] = {
     dict(**_GQA, num_local_experts=4, num_experts_per_tok=2, **_UNTIED),
     "logits",
   ),
+  "bart": (  # encoder-decoder, post-norm, learned positions offset by 2, tied head
+    "BartConfig",
+    "BartForConditionalGeneration",
+    dict(
+      d_model=32,
+      encoder_layers=2,
+      decoder_layers=2,
+      encoder_attention_heads=4,
+      decoder_attention_heads=4,
+      encoder_ffn_dim=64,
+      decoder_ffn_dim=64,
+      max_position_embeddings=P,
+      pad_token_id=1,
+      bos_token_id=0,
+      eos_token_id=2,
+      decoder_start_token_id=2,
+      forced_eos_token_id=None,
+    ),
+    "logits",
+  ),
   "distilbert": (
     "DistilBertConfig",
     "DistilBertModel",
@@ -221,6 +241,8 @@ def make(name: str) -> None:
   sizes = {"vocab_size": V} if config_cls != "ViTConfig" else {}
   if config_cls in ("ViTConfig", "T5Config", "WhisperConfig"):
     pass
+  elif config_cls == "BartConfig":
+    sizes = {"vocab_size": V}
   elif config_cls in ("GPT2Config", "CodeGenConfig"):
     sizes["n_positions"] = P
   elif "max_position_embeddings" not in kwargs:
@@ -246,7 +268,7 @@ def make(name: str) -> None:
       if extra.name not in ("model.safetensors", "config.json", "per_expert"):
         extra.unlink()
   extra = {}
-  if config_cls in ("T5Config", "WhisperConfig"):  # the decoder reads its own tokens
+  if config_cls in ("T5Config", "WhisperConfig", "BartConfig"):  # the decoder's own tokens
     extra["decoder_input_ids"] = (
       np.random.default_rng(1).integers(3, V, size=(2, 5)).astype(np.int32)
     )

@@ -1,0 +1,159 @@
+"""``match`` on a real BART checkpoint (a post-norm encoder-decoder), checked by the forward pass.
+
+A tiny ``BartForConditionalGeneration`` that ``transformers`` saved (``tests/make_hf_fixtures.py``),
+restored through ``match`` with no hints into a flax-style target (a module per layer) and an
+NNX-style one (layers stacked, heads split); the logits are compared with PyTorch's. What
+``match`` must read right: the decoder's ``self_attn_norm`` and ``cross_attn_norm`` (two norms
+of one shape, told apart by ``encoder_attn``), ``final_layer_norm`` inside a layer (the MLP's
+norm), ``layernorm_embedding``, positions offset by 2, and the head tied to ``shared``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import hf_models as hf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax.sources import SafetensorsSource
+
+NAME = "bart"
+
+
+def layer_norm(x, p, eps=1e-5):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def dense(p, x):
+  return x @ p["kernel"] + p["bias"]
+
+
+def attention(c, p, x, kv, causal):
+  h = c["encoder_attention_heads"]
+  split = lambda y: y.reshape(*y.shape[:2], h, -1)  # noqa: E731
+  q = split(dense(p["q"], x)) * (c["d_model"] // h) ** -0.5
+  k, v = split(dense(p["k"], kv)), split(dense(p["v"], kv))
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+  if causal:
+    t = x.shape[1]
+    scores = jnp.where(np.tril(np.ones((t, t), bool)), scores, -1e30)
+  out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(x.shape)
+  return dense(p["o"], out)
+
+
+def mlp(p, x):
+  return dense(p["fc2"], jax.nn.gelu(dense(p["fc1"], x), approximate=False))
+
+
+def embed(w, stack, ids):
+  x = w["embed"]["embedding"][ids] + stack["pos_embed"]["embedding"][np.arange(ids.shape[1]) + 2]
+  return layer_norm(x, stack["embed_norm"])
+
+
+def forward(c, w, ids, decoder_ids):
+  enc_w, dec_w = w["encoder"], w["decoder"]
+  x = embed(w, enc_w, ids)
+  for p in enc_w["layers"]:  # post-norm: x = norm(x + sublayer(x))
+    x = layer_norm(x + attention(c, p["self_attn"], x, x, False), p["self_attn_norm"])
+    x = layer_norm(x + mlp(p["mlp"], x), p["mlp_norm"])
+  y = embed(w, dec_w, decoder_ids)
+  for p in dec_w["layers"]:
+    y = layer_norm(y + attention(c, p["self_attn"], y, y, True), p["self_attn_norm"])
+    y = layer_norm(y + attention(c, p["cross_attn"], y, x, False), p["cross_attn_norm"])
+    y = layer_norm(y + mlp(p["mlp"], y), p["mlp_norm"])
+  return y @ w["embed"]["embedding"].T + w["final_logits_bias"]  # the head is tied to shared
+
+
+def target(c, stacked):
+  d, f, h, n = c["d_model"], c["encoder_ffn_dim"], c["encoder_attention_heads"], c["encoder_layers"]
+  one = lambda *s: jax.ShapeDtypeStruct(s, np.float32)  # noqa: E731
+  lay = lambda *s: one(n, *s) if stacked else one(*s)  # noqa: E731
+  norm = lambda: {"scale": lay(d), "bias": lay(d)}  # noqa: E731
+
+  def proj(name):
+    if not stacked:
+      return {"kernel": lay(d, d), "bias": lay(d)}
+    if name == "o":
+      return {"kernel": lay(h, d // h, d), "bias": lay(d)}
+    return {"kernel": lay(d, h, d // h), "bias": lay(h, d // h)}
+
+  def block(cross):
+    b = {
+      "self_attn": {x: proj(x) for x in "qkvo"},
+      "self_attn_norm": norm(),
+      "mlp": {
+        "fc1": {"kernel": lay(d, f), "bias": lay(f)},
+        "fc2": {"kernel": lay(f, d), "bias": lay(d)},
+      },
+      "mlp_norm": norm(),
+    }
+    if cross:
+      b |= {"cross_attn": {x: proj(x) for x in "qkvo"}, "cross_attn_norm": norm()}
+    return b
+
+  def stack(cross):
+    layers = (
+      {"layers": block(cross)} if stacked else {f"layers_{i}": block(cross) for i in range(n)}
+    )
+    return {
+      **layers,
+      "pos_embed": {"embedding": one(c["max_position_embeddings"] + 2, d)},
+      "embed_norm": {"scale": one(d), "bias": one(d)},
+    }
+
+  return {
+    "embed": {"embedding": one(c["vocab_size"], d)},
+    "encoder": stack(False),
+    "decoder": stack(True),
+    "final_logits_bias": one(1, c["vocab_size"]),
+  }
+
+
+def canonical(c, restored, stacked):
+  """Per-layer modules with heads merged, as the forward pass reads them."""
+  r = jax.tree.map(np.asarray, restored)
+  d, n = c["d_model"], c["encoder_layers"]
+  merge = lambda p: {k: (v.reshape(d, d) if k == "kernel" else v.reshape(d)) for k, v in p.items()}  # noqa: E731
+  out = {"embed": r["embed"], "final_logits_bias": r["final_logits_bias"]}
+  for name in ("encoder", "decoder"):
+    s = r[name]
+    layers = []
+    for i in range(n):
+      b = jax.tree.map(lambda x, i=i: x[i], s["layers"]) if stacked else s[f"layers_{i}"]
+      for a in ("self_attn", "cross_attn"):
+        if a in b:
+          b[a] = {x: merge(p) for x, p in b[a].items()}
+      layers.append(b)
+    out[name] = {**{k: v for k, v in s.items() if not k.startswith("layers")}, "layers": layers}
+  return out
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["flax", "nnx"])
+def test_bart_forward_pass_matches_pytorch_with_no_hints(stacked, tmp_path):
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  src = SafetensorsSource(hf.DATA / NAME / "model.safetensors")
+  tree = target(c, stacked)
+  m = prj.match(tree, src)
+  assert src.stats.reads == 0
+  norm = (
+    "decoder/layers/cross_attn_norm/scale" if stacked else "decoder/layers_0/cross_attn_norm/scale"
+  )
+  assert any(t == norm and "encoder_attn_layer_norm" in e for t, e, _ in m.rows())
+  restored = prj.restore(tree, src, recipes=m)
+  got = np.asarray(
+    forward(c, canonical(c, restored, stacked), ref["input_ids"], ref["decoder_input_ids"])
+  )
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+  prj.export(restored, m, tmp_path / "out")  # and back, bit for bit
+  want = SafetensorsSource(hf.DATA / NAME / "model.safetensors")
+  back = SafetensorsSource(tmp_path / "out" / "model.safetensors")
+  assert sorted(back.keys()) == sorted(want.keys())
+  for k in want.keys():
+    assert want.lease(k).read().tobytes() == back.lease(k).read().tobytes(), k
