@@ -316,3 +316,64 @@ def test_pasting_a_refusals_suggestions_never_restores_a_wrong_leaf(name, tmp_pa
             restored[key][old] = restored[key].pop(new)
       forward_matches(arch, sizes, ref, style, shapes, restored)
       break
+
+
+# --- the same promises on the encoder-decoder suites (T5, Whisper, BART) ---------------------------
+
+
+def _encoder_decoder(name, stacked):
+  import json
+
+  import test_match_bart
+  import test_match_t5
+  import test_match_whisper
+
+  module = {"t5": test_match_t5, "t5_gated": test_match_t5, "whisper": test_match_whisper}.get(
+    name, test_match_bart
+  )
+  c = json.loads((hf.DATA / name / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / name / "reference.npz"))
+
+  def check(restored):
+    first = ref["input_features"] if name == "whisper" else ref["input_ids"]
+    weights = module.canonical(c, restored, stacked)
+    got = np.asarray(module.forward(c, weights, first, ref["decoder_input_ids"]))
+    np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+
+  return module.target(c, stacked), check
+
+
+ENCODER_DECODERS = ["bart", "t5", "t5_gated", "whisper"]
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["flax", "nnx"])
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_encoder_decoders_restore_with_a_correct_hint_for_every_leaf(name, stacked):
+  target, check = _encoder_decoder(name, stacked)
+  src = SafetensorsSource(hf.DATA / name / "model.safetensors")
+  proposals = {p.target: p for p in prj.match(target, src).proposals}
+  names = list(flat(target))
+  opaque = {f"p{j}": leaf for j, leaf in enumerate(flat(target).values())}
+  hints = {f"p{j}": _hint_for(proposals[n], proposals) for j, n in enumerate(names)}
+  restored = prj.restore(opaque, src, recipes=prj.match(opaque, src, hints=hints))
+  check(nested({n: restored[f"p{j}"] for j, n in enumerate(names)}))
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["flax", "nnx"])
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_encoder_decoders_pasting_suggestions_never_restores_a_wrong_leaf(name, stacked, tmp_path):
+  target, check = _encoder_decoder(name, stacked)
+  shutil.copy(hf.DATA / name / "model.safetensors", tmp_path / "model.safetensors")
+  src = SafetensorsSource(tmp_path / "model.safetensors")  # no config.json beside it
+  hints: dict = {}
+  for _ in range(6):
+    try:
+      m = prj.match(target, src, hints=hints)
+    except prj.MatchError as e:
+      more = {k: v for k, v in _suggested(e).items() if k not in hints}
+      if not more:
+        return
+      hints.update(more)
+      continue
+    check(prj.restore(target, src, recipes=m))
+    return

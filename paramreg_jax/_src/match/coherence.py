@@ -107,7 +107,7 @@ def module_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
       by_module.setdefault(module, []).append(name)
   out = {}
   for module, names in by_module.items():
-    if len({modules(decided[n]) for n in names}) < 2:
+    if len(names) < 2 or len({modules(decided[n]) for n in names}) < 2:
       continue
     said = "; ".join(f"{n} <- {_shown_modules(decided[n])}" for n in sorted(names))
     for n in names:

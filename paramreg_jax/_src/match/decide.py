@@ -166,8 +166,9 @@ def _publish(
       continue
     taken = sorted({by_hint[k] for k in cand.keys if by_hint.get(k, name) != name})
     clash = sorted({n for k in cand.claimed for n in owners[k] if n != name})
-    every = "".join(f"\n{_listed(c)}" for c in distinct(ranked.get(name, []))[:_LISTED])
-    ask = f"\n    name the right one: hints={{{name!r}: '<checkpoint name>'}}"
+    if (taken and name not in hinted) or clash:
+      every = "".join(f"\n{_listed(c)}" for c in distinct(ranked.get(name, []))[:_LISTED])
+      ask = f"\n    name the right one: hints={{{name!r}: '<checkpoint name>'}}"
     if taken and name not in hinted:
       problems.append(
         f"{name}: its best candidate {shown(cand)} [{cand.reason}] is what the hint for "
@@ -287,18 +288,7 @@ def _split_fused(
       if contiguous
       else Indices(axis, tuple(picked))
     )
-    layers = []
-    for key in keys:
-      recipe: ops.Recipe = ops.source(key, selection)
-      natural = list(stored)
-      natural[axis] = len(picked)
-      if len(stored) >= 2 and axis == len(stored) - 2:  # [.., out, in] parts: to [.., in, out]
-        order = (*range(len(stored) - 2), len(stored) - 1, len(stored) - 2)
-        recipe = ops.transpose(recipe, order)
-        natural = [natural[i] for i in order]
-      if shape != tuple(natural):
-        recipe = ops.reshape(recipe, shape)  # heads split
-      layers.append(recipe)
+    layers = [_part(key, selection, stored, axis, len(picked), shape) for key in keys]
     how = "" if layout == "contiguous" else f" ({str(layout).replace('_', ' ')} layout)"
     reason = f"part of fused {keys[0]!r}{how}"
     if stacked:
@@ -308,6 +298,21 @@ def _split_fused(
     else:
       proposals[name] = Proposal(name, layers[0], reason, keys)
   return None
+
+
+def _part(
+  key: str, selection: Any, stored: tuple[int, ...], axis: int, width: int, shape: Any
+) -> ops.Recipe:
+  """One part of the fused ``key``: its rows, ``[.., out, in]`` turned to ``[.., in, out]``,
+  heads split to the target's ``shape``."""
+  recipe: ops.Recipe = ops.source(key, selection)
+  natural = list(stored)
+  natural[axis] = width
+  if len(stored) >= 2 and axis == len(stored) - 2:
+    order = (*range(len(stored) - 2), len(stored) - 1, len(stored) - 2)
+    recipe = ops.transpose(recipe, order)
+    natural = [natural[i] for i in order]
+  return recipe if tuple(shape) == tuple(natural) else ops.reshape(recipe, shape)
 
 
 def shown(c: Candidate) -> str:
