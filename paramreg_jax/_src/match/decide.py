@@ -106,7 +106,8 @@ def _decided(picked: dict[str, Candidate], proposals: dict[str, Proposal]) -> di
 def _settle(
   picked: dict[str, Candidate], open_: dict[str, list[Candidate]], proposals: dict[str, Proposal]
 ) -> None:
-  """Open targets that decided siblings (same module) or other layers single out."""
+  """Open targets that decided siblings (same module) or other layers single out, among all
+  of their own candidates: that evidence outranks a tie (or a miss) by name."""
   for _ in range(4):
     settled = {}
     for how, rule in (
@@ -166,19 +167,16 @@ def _publish(
       continue
     taken = sorted({by_hint[k] for k in cand.keys if by_hint.get(k, name) != name})
     clash = sorted({n for k in cand.claimed for n in owners[k] if n != name})
-    if (taken and name not in hinted) or clash:
-      every = "".join(f"\n{_listed(c)}" for c in distinct(ranked.get(name, []))[:_LISTED])
-      ask = f"\n    name the right one: hints={{{name!r}: '<checkpoint name>'}}"
     if taken and name not in hinted:
       problems.append(
         f"{name}: its best candidate {shown(cand)} [{cand.reason}] is what the hint for "
         f"{', '.join(taken)} names; nothing else is chosen for it by elimination; its "
-        f"candidates:{every}{ask}"
+        f"candidates:{_every(name, ranked)}"
       )
     elif clash:
       problems.append(
         f"{name}: ambiguous: {shown(cand)} is also the best match of {', '.join(clash)}; "
-        f"its candidates:{every}{ask}"
+        f"its candidates:{_every(name, ranked)}"
       )
     else:
       proposals[name] = Proposal(name, cand.build(), cand.reason, cand.keys)
@@ -223,6 +221,12 @@ def ambiguous(name: str, cands: list[Candidate], lead: str = "") -> str:
       "layout), or give its recipe"
     )
   return "\n".join(lines)
+
+
+def _every(name: str, ranked: dict[str, list[Candidate]]) -> str:
+  """A refused parameter's candidates, each with its recipe, and how to name the right one."""
+  every = "".join(f"\n{_listed(c)}" for c in distinct(ranked.get(name, []))[:_LISTED])
+  return f"{every}\n    name the right one: hints={{{name!r}: '<checkpoint name>'}}"
 
 
 def _listed(c: Candidate) -> str:
