@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Mapping
+from typing import Any
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src import plan as plan_lib
 from paramreg_jax._src import restore as restore_lib
 from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.export.staging import Staging
+from paramreg_jax._src.export.staging import check_destination
 
 
 def convert(
@@ -50,7 +53,8 @@ def convert(
     hints: for ``match``, when ``recipes`` is ``None``.
     rename, aliases, exclude, dtype_policy: as for :func:`~paramreg_jax.plan_restore`.
     max_inflight_bytes, progress: as for :func:`~paramreg_jax.materialize`.
-    overwrite: replace an existing checkpoint at ``path``.
+    overwrite: replace an existing checkpoint at ``path``: the new one is written beside it
+      and swapped in only when complete, so a failure leaves the old one as it was.
 
   Returns:
     The :class:`~paramreg_jax.RestorePlan` that was used (pass it to :func:`~paramreg_jax.export`
@@ -58,7 +62,9 @@ def convert(
 
   Raises:
     MatchError, RestorePlanError: the mapping is incomplete (nothing was read or written).
-    ExportError: ``path`` exists and ``overwrite`` is not set.
+    ExportError: ``path`` exists and ``overwrite`` is not set, or cannot be written (under a
+      file, read-only), ``hints`` given with ``recipes``, or saving failed (nothing new is
+      left, an old checkpoint is untouched).
 
   Examples:
     >>> import jax, numpy as np, tempfile
@@ -73,17 +79,16 @@ def convert(
     [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
   """
   final = pathlib.Path(os.fspath(path)).absolute()
-  if final.exists() and not overwrite:
-    raise errors.ExportError(
-      f"{final} already exists (overwrite=True, or --overwrite on the command line, replaces it)",
-      str(final),
-    )
+  check_destination(final, overwrite)
   if recipes is None and rename is None:
     from paramreg_jax._src.match import match
 
     recipes = match(target, source, hints=hints)
   elif hints is not None:
-    raise ValueError("convert: hints are for match; with recipes or rename, drop hints")
+    raise errors.ExportError(
+      "convert: hints are for match (recipes=None); with recipes or rename, drop hints or "
+      "put what they say into the recipes"
+    )
   plan = plan_lib.plan_restore(
     target,
     source,
@@ -96,9 +101,27 @@ def convert(
   unit = restore_lib.materialize(plan, max_inflight_bytes=max_inflight_bytes, progress=progress)
   params = restore_lib.bind(target, unit, exclude=exclude)
   del unit
+  _save(final, params, overwrite)
+  return plan
+
+
+def _save(final: pathlib.Path, params: Any, overwrite: bool) -> None:
+  """Saves beside ``final`` and swaps it in when complete: a failure (a full disk, a size
+  limit, a kill) leaves an old checkpoint at ``final`` as it was."""
   import orbax.checkpoint as ocp  # lazily: orbax is heavy and does work at import
 
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(final, params, force=overwrite)
-    checkpointer.wait_until_finished()
-  return plan
+  staging = Staging(final, overwrite=overwrite, create=False)
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(staging.dir, params)
+      checkpointer.wait_until_finished()
+    staging.commit()
+  except BaseException as e:
+    staging.abort()
+    if isinstance(e, errors.ParamRegError) or not isinstance(e, Exception):
+      raise
+    raise errors.ExportError(
+      f"{final}: convert failed while saving: {type(e).__name__}: {e}; "
+      + ("the old checkpoint there is untouched" if final.exists() else "nothing was written"),
+      str(final),
+    ) from e

@@ -10,6 +10,7 @@ assembled from parts along an inner axis, which is built whole before it is writ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -28,7 +29,9 @@ from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.export import writer
 from paramreg_jax._src.export.plan import ExportPlan
 from paramreg_jax._src.export.plan import TensorPlan
+from paramreg_jax._src.export.plan import companion_names
 from paramreg_jax._src.export.plan import plan_export
+from paramreg_jax._src.export.staging import Staging
 
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size, "5GB"
 _DEFAULT_BLOCK = 16 * 2**20
@@ -56,8 +59,9 @@ def export(
   the stored dtype, a tied weight written once), checkpoint tensors no parameter reads are
   copied from the source, and the result is a directory that transformers, vLLM or a
   ``SafetensorsSource`` loads: ``model.safetensors`` (or size-bounded shards and
-  ``model.safetensors.index.json``) with ``__metadata__ = {"format": "pt"}``, and the source's
-  ``config.json`` when it has one.
+  ``model.safetensors.index.json``) with ``__metadata__ = {"format": "pt"}``, the source's
+  ``config.json`` when it has one, and its companion files as they are (``generation_config.json``,
+  tokenizer and special-token files, chat templates: ``plan.companions``).
 
   Args:
     params: the parameters (a restored tree of sharded ``jax.Array`` objects, numpy arrays, an
@@ -71,8 +75,10 @@ def export(
     copy_unmapped: copy tensors no parameter reads from the source (``False``: leave them out).
     max_shard_bytes: the largest shard file (a larger tensor gets a shard of its own).
     max_inflight_bytes: bytes written per block (default 16 MiB).
-    overwrite: replace ``path`` if it exists (the old directory stays until the new one is
-      complete).
+    overwrite: replace ``path`` if it exists: the new directory is swapped in in one atomic
+      step when it is complete, and everything under the old one is removed (listed in the
+      returned plan's ``replaced``). Without it, a directory that exists, or appears while the
+      export is written, is never touched.
     progress: show a progress bar.
 
   Returns:
@@ -81,8 +87,10 @@ def export(
   Raises:
     ExportPlanError: a recipe cannot be run backwards, or a tensor is covered only in part
       (every problem at once; nothing was written).
-    ExportError: the parameters do not fit the plan, two parameters disagree about one tensor,
-      or writing failed; nothing exists under ``path``.
+    ExportError: a bad argument or destination (a path under a file, a read-only place, a
+      size that is not a positive int), parameters that do not fit the plan (deleted arrays,
+      tied parameters whose values diverged), two parameters that disagree about one tensor, or
+      a failed write; nothing exists under ``path`` and an old directory there is untouched.
 
   Examples:
     >>> import jax, numpy as np, tempfile
@@ -98,40 +106,18 @@ def export(
     [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
   """
   final = pathlib.Path(os.fspath(path))
-  if (
-    isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1
-  ):
-    raise ValueError(f"max_shard_bytes must be a positive int, got {max_shard_bytes!r}")
-  block = _DEFAULT_BLOCK if max_inflight_bytes is None else int(max_inflight_bytes)
-  if block < 1:
-    raise ValueError(f"max_inflight_bytes must be positive, got {max_inflight_bytes!r}")
+  block = _check_args(max_shard_bytes, max_inflight_bytes)
   plan = _restore_plan(params, mapping, source, rename, aliases, exclude)
   exported = plan_export(plan, copy_unmapped=copy_unmapped)
   leaves = _check_params(params, plan)
-  src = plan.source
-  tensors = [(t.key, t.shape, t.dtype, t.nbytes) for t in exported.tensors]
-  shards = writer.layout(tensors, max_shard_bytes)
-  staging = writer.Staging(final, overwrite=overwrite)
+  staging = Staging(final, overwrite=overwrite)
+  exported = dataclasses.replace(
+    exported, companions=companion_names(plan.source), replaced=staging.existing()
+  )
   bar = _progress(progress, exported.nbytes)
   try:
-    weight_map: dict[str, str] = {}
-    for name, positions in shards:
-      entries = [tensors[i] for i in positions]
-      head, offsets = writer.header(entries, {"format": "pt"})
-      with open(staging.path(name), "wb") as f:
-        f.write(head)
-        for i, offset in zip(positions, offsets):
-          t = exported.tensors[i]
-          _write_tensor(f.fileno(), len(head) + offset, t, leaves, src, block)
-          weight_map[t.key] = name
-          if bar is not None:
-            bar.update(t.nbytes)
-    if len(shards) > 1:
-      staging.path(writer.INDEX_NAME).write_bytes(writer.index(weight_map, exported.nbytes))
-    config = getattr(src, "config", None)
-    if isinstance(config, Mapping):
-      text = json.dumps(dict(config), indent=2, sort_keys=True) + "\n"
-      staging.path("config.json").write_text(text)
+    _write_shards(staging, exported, leaves, plan.source, max_shard_bytes, block, bar)
+    _write_extras(staging, plan.source, exported.companions)
     staging.commit()
   except BaseException as e:
     staging.abort()
@@ -144,6 +130,58 @@ def export(
     if bar is not None:
       bar.close()
   return exported
+
+
+def _check_args(max_shard_bytes: Any, max_inflight_bytes: Any) -> int:
+  """The block size; a bad size is an ``ExportError`` naming the argument."""
+  for name, value in (
+    ("max_shard_bytes", max_shard_bytes),
+    ("max_inflight_bytes", max_inflight_bytes),
+  ):
+    if value is None and name == "max_inflight_bytes":
+      continue
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise errors.ExportError(
+        f"export: {name} must be a positive number of bytes (an int), got {value!r}"
+      )
+  return _DEFAULT_BLOCK if max_inflight_bytes is None else int(max_inflight_bytes)
+
+
+def _write_shards(
+  staging: Staging,
+  exported: ExportPlan,
+  leaves: dict[str, Any],
+  src: Any,
+  max_shard_bytes: int,
+  block: int,
+  bar: Any,
+) -> None:
+  """Every safetensors file (and the index when there are several), one tensor at a time."""
+  tensors = [(t.key, t.shape, t.dtype, t.nbytes) for t in exported.tensors]
+  shards = writer.layout(tensors, max_shard_bytes)
+  weight_map: dict[str, str] = {}
+  for name, positions in shards:
+    head, offsets = writer.header([tensors[i] for i in positions], {"format": "pt"})
+    with open(staging.path(name), "wb") as f:
+      f.write(head)
+      for i, offset in zip(positions, offsets):
+        t = exported.tensors[i]
+        _write_tensor(f.fileno(), len(head) + offset, t, leaves, src, block)
+        weight_map[t.key] = name
+        if bar is not None:
+          bar.update(t.nbytes)
+  if len(shards) > 1:
+    staging.path(writer.INDEX_NAME).write_bytes(writer.index(weight_map, exported.nbytes))
+
+
+def _write_extras(staging: Staging, src: Any, companions: tuple[str, ...]) -> None:
+  """The source's ``config.json`` and its companion files (tokenizer, generation config)."""
+  config = getattr(src, "config", None)
+  if isinstance(config, Mapping):
+    text = json.dumps(dict(config), indent=2, sort_keys=True) + "\n"
+    staging.path("config.json").write_text(text)
+  for name in companions:
+    staging.path(name).write_bytes(src.companion(name))
 
 
 def _restore_plan(
@@ -161,14 +199,14 @@ def _restore_plan(
       if v is not None
     ]
     if given:
-      raise ValueError(
+      raise errors.ExportError(
         f"export: a RestorePlan already holds its source and names; drop {', '.join(given)}"
       )
     return mapping
   if source is None:
     source = getattr(mapping, "source", None)  # a Match remembers its checkpoint
   if source is None:
-    raise ValueError(
+    raise errors.ExportError(
       "export: pass source= (the checkpoint the mapping reads), or the RestorePlan the "
       "parameters were restored with"
     )
@@ -191,6 +229,12 @@ def _check_params(params: Any, plan: plan_lib.RestorePlan) -> dict[str, Any]:
     if entry.kind == "alias":
       continue
     found = by_key.get(entry.key)
+    if found is not None and _deleted(found[1]):
+      problems.append(
+        f"{entry.key}: its array was deleted (donated to a jitted step?); export the "
+        "parameters the step returned"
+      )
+      continue
     if found is None:
       problems.append(f"{entry.key}: the mapping writes it, but params has no such parameter")
       continue
@@ -208,11 +252,48 @@ def _check_params(params: Any, plan: plan_lib.RestorePlan) -> dict[str, Any]:
       )
       continue
     out[entry.key] = leaf
+  problems += _diverged_aliases(plan, by_key, out)
   if problems:
     raise errors.ExportError(
       errors.collected("export these parameters", problems, "nothing was written")
     )
   return out
+
+
+def _deleted(leaf: Any) -> bool:
+  return isinstance(leaf, jax.Array) and leaf.is_deleted()
+
+
+def _diverged_aliases(
+  plan: plan_lib.RestorePlan, by_key: dict[str, Any], leaves: dict[str, Any]
+) -> list[str]:
+  """Tied parameters (an alias and its owner) write one tensor: they must still be equal. After
+  training they are two leaves to ``jax.grad`` and optax, and may have diverged."""
+  problems = []
+  for entry in plan.entries:
+    found = by_key.get(entry.key)
+    if entry.kind != "alias" or found is None or entry.owner not in leaves:
+      continue
+    alias, owner = found[1], leaves[entry.owner]
+    if _deleted(alias):
+      continue  # the owner is written; a deleted alias has no value of its own to lose
+    a, b = np.asarray(_fetch(alias, ())), np.asarray(_fetch(owner, ()))
+    if a.shape == b.shape and a.dtype == b.dtype and _same_bits(a, b).all():
+      continue
+    gap = (
+      float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+      if a.shape == b.shape
+      else None
+    )
+    problems.append(
+      f"{entry.key} and {entry.owner} were restored tied (aliases: {entry.key} -> {entry.owner}) "
+      f"and are one tensor in the checkpoint, but their values now differ"
+      + (f" (max |difference| {gap:.3g})" if gap is not None else "")
+      + f"; export would drop {entry.key}'s update. Tie them in the model (one parameter used "
+      f"in both places), or export only the one to keep: exclude=[{entry.key.removeprefix('n:')!r}] "
+      "writes the owner's value"
+    )
+  return problems
 
 
 def _fetch(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
@@ -319,7 +400,9 @@ def _write_tensor(fd: int, start: int, t: TensorPlan, leaves: dict, src: Any, bl
         other = t.pieces[int(had[clash].flat[0])].param
         raise errors.ExportError(
           f"checkpoint tensor {t.key!r}: {other} and {p.param} both write it and their values "
-          "differ; tie them (aliases=) or export one of them",
+          f"differ, so one of their updates would be lost. Tie them in the model (one "
+          f"parameter used in both places), or export only the one to keep: "
+          f"exclude=[{p.param.removeprefix('n:')!r}] writes {other}'s value",
           t.key,
         )
       owner[index] = n

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,10 @@ class ExportPlan:
     tensors: one :class:`TensorPlan` per checkpoint tensor, in the source's key order.
     restore_plan: the restore plan it inverts.
     skipped: checkpoint tensors left out (``copy_unmapped=False``).
+    companions: files copied as they are from beside the source's weights (the generation
+      config, tokenizer and special-token files, chat templates); set by ``export``.
+    replaced: what ``export(..., overwrite=True)`` removed: every file that was under the
+      destination before (relative names); set by ``export``.
 
   Examples:
     >>> import jax, numpy as np
@@ -66,6 +71,8 @@ class ExportPlan:
   tensors: tuple[TensorPlan, ...]
   restore_plan: plan_lib.RestorePlan
   skipped: tuple[str, ...] = ()
+  companions: tuple[str, ...] = ()
+  replaced: tuple[str, ...] = ()
 
   @property
   def nbytes(self) -> int:
@@ -99,6 +106,11 @@ class ExportPlan:
       lines.append(
         f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  <- {r[3]}".rstrip()
       )
+    if self.companions:
+      lines.append(f"  copied beside the weights: {', '.join(self.companions)}")
+    if self.replaced:
+      shown = ", ".join(self.replaced[:6]) + (", ..." if len(self.replaced) > 6 else "")
+      lines.append(f"  replaced (removed from the destination): {shown}")
     return "\n".join(lines)
 
   __repr__ = __str__
@@ -270,3 +282,30 @@ def _runs(indices: np.ndarray) -> str:
     if i is not None:
       start = prev = i
   return ", ".join(runs[:5]) + (" ..." if len(runs) > 5 else "")
+
+
+# Files a Hugging Face model folder holds beside its weights that loaders need as they are
+# (``from_pretrained`` + ``generate``, a tokenizer load): copied by ``export``.
+COMPANIONS = (
+  "generation_config.json",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "added_tokens.json",
+  "vocab.json",
+  "vocab.txt",
+  "merges.txt",
+  "tokenizer.model",
+  "spiece.model",
+  "sentencepiece.bpe.model",
+  "chat_template.jinja",
+  "chat_template.json",
+  "preprocessor_config.json",
+  "processor_config.json",
+)
+
+
+def companion_names(source: Any) -> tuple[str, ...]:
+  """The companion files the source has beside its weights (a source without a folder: none)."""
+  has = getattr(source, "has_companion", None)
+  return tuple(n for n in COMPANIONS if has is not None and has(n))

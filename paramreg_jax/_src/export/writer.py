@@ -1,19 +1,13 @@
 """Safetensors files the way Hugging Face writes them, written atomically.
 
 ``layout`` splits tensors into size-bounded shards (``model.safetensors``, or
-``model-00001-of-00003.safetensors`` and ``model.safetensors.index.json``); ``Staging`` writes
-every file into a temporary sibling directory and renames it to the final path only when all
-of them are complete and synced, so a crash or Ctrl-C never leaves something under the final
-name that looks like a finished checkpoint.
+``model-00001-of-00003.safetensors`` and ``model.safetensors.index.json``); ``header`` and
+``index`` are their bytes. ``staging.Staging`` publishes the directory atomically.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import shutil
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,44 +72,3 @@ def index(weight_map: dict[str, str], total_size: int) -> bytes:
   return (
     json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=2) + "\n"
   ).encode()
-
-
-class Staging:
-  """A temporary directory beside ``final`` that becomes ``final`` in one rename."""
-
-  def __init__(self, final: pathlib.Path, *, overwrite: bool):
-    self.final = final
-    if final.exists() and not overwrite:
-      raise errors.ExportError(
-        f"{final} already exists; export writes a new directory (overwrite=True, or "
-        "--overwrite on the command line, replaces it)",
-        str(final),
-      )
-    final.parent.mkdir(parents=True, exist_ok=True)
-    self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-
-  def path(self, name: str) -> pathlib.Path:
-    return self.dir / name
-
-  def commit(self) -> None:
-    for child in self.dir.iterdir():
-      fd = os.open(child, os.O_RDONLY)
-      try:
-        os.fsync(fd)
-      finally:
-        os.close(fd)
-    old = None
-    if self.final.exists():
-      old = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.final.name}.old-", dir=self.final.parent))
-      os.rename(self.final, old / "replaced")
-    os.rename(self.dir, self.final)
-    if old is not None:
-      shutil.rmtree(old, ignore_errors=True)
-    dir_fd = os.open(self.final.parent, os.O_RDONLY)
-    try:
-      os.fsync(dir_fd)
-    finally:
-      os.close(dir_fd)
-
-  def abort(self) -> None:
-    shutil.rmtree(self.dir, ignore_errors=True)

@@ -373,6 +373,21 @@ class SafetensorsSource(source_lib.BaseSource):
       )
     return data
 
+  def has_companion(self, name: str) -> bool:
+    """Whether ``name`` (a tokenizer or generation-config file) is beside the weights."""
+    return self._folder.exists(name)
+
+  def companion(self, name: str) -> bytes:
+    """The bytes of a companion file beside the weights (``export`` copies them as they are).
+
+    Raises:
+      SourceIOError: it cannot be read.
+    """
+    try:
+      return self._folder.read_bytes(name)
+    except OSError as e:
+      raise errors.SourceIOError(f"{self._folder.describe(name)}: cannot read it: {e}") from e
+
   def _add(self, f: _File, allowed: set[str] | None = None) -> None:
     for key in f.entries:
       if allowed is not None and key not in allowed:

@@ -270,6 +270,9 @@ class LocalFolder:
   def read_text(self, name: str) -> str:
     return (self.root / name).read_text()
 
+  def read_bytes(self, name: str) -> bytes:
+    return (self.root / name).read_bytes()
+
   def escapes(self, name: str) -> bool:
     """``name`` points outside the folder (absolute, ``..``, or a link leading out)."""
     root = self.root.resolve()
@@ -302,6 +305,13 @@ class RemoteFolder:
     url = self.describe(name)
     try:
       return self.fs.cat_file(url).decode("utf-8")
+    except FileNotFoundError:
+      raise FileNotFoundError(f"{url}: not found") from None
+
+  def read_bytes(self, name: str) -> bytes:
+    url = self.describe(name)
+    try:
+      return bytes(self.fs.cat_file(url))
     except FileNotFoundError:
       raise FileNotFoundError(f"{url}: not found") from None
 
