@@ -268,13 +268,13 @@ def test_a_killed_export_leaves_nothing_under_the_final_name(tmp_path):
     target = {{f"w{{i}}": jax.ShapeDtypeStruct((256, 256), np.float32) for i in range(8)}}
     plan = prj.plan_restore(target, src)
     params = prj.bind(target, prj.materialize(plan))
-    real, calls = export_lib._write_tensor, []
+    real, calls = export_lib.write_tensor, []
     def dying(*args):
       calls.append(1)
       if len(calls) == 3:
         os.kill(os.getpid(), signal.SIGKILL)
       return real(*args)
-    export_lib._write_tensor = dying
+    export_lib.write_tensor = dying
     prj.export(params, plan, {str(tmp_path / "out")!r}, max_shard_bytes=2 * 256 * 256 * 4)
   """)
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -295,7 +295,7 @@ def test_an_interrupted_export_cleans_up(tmp_path, monkeypatch):
   def interrupted(*args):
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(export_lib, "_write_tensor", interrupted)
+  monkeypatch.setattr(export_lib, "write_tensor", interrupted)
   with pytest.raises(KeyboardInterrupt):
     prj.export(params, plan, tmp_path / "out")
   assert list(tmp_path.iterdir()) == []

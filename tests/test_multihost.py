@@ -91,3 +91,53 @@ def test_two_processes_restore_their_halves_and_step_like_one(tmp_path):
   for r in results:
     assert r["checked"] == 2 * 3 * 4  # 3 params x 4 local shards, restored and stepped
     assert r["bytes_read"] == total // 2, r  # each process read exactly its own half
+
+
+EXPORT_WORKER = pathlib.Path(__file__).with_name("multihost_export_worker.py")
+
+
+def test_two_processes_export_their_tensors_like_one_host(tmp_path):
+  """Each process writes the tensors it owns (the bytes it lacks gathered one piece at a time);
+  the files equal a single-host export byte for byte, and no process holds the model."""
+  import multihost_export_model as model
+
+  src, target, recipes = model.setup()
+  params = model.trained(prj.restore(target, src, recipes=recipes))
+  prj.export(params, recipes, tmp_path / "one", source=src, max_shard_bytes=model.SHARD_BYTES)
+  port = free_port()
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        str(EXPORT_WORKER),
+        str(i),
+        str(port),
+        str(tmp_path / "two"),
+        str(tmp_path / f"r{i}.json"),
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  logs = []
+  try:
+    for p in procs:
+      out, _ = p.communicate(timeout=300)
+      logs.append(out)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert [p.returncode for p in procs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+  one = {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()}
+  for out in ("two", "two-again"):
+    two = {p.name: p.read_bytes() for p in (tmp_path / out).iterdir()}
+    assert sorted(one) == sorted(two) and len(one) > 2, sorted(two)  # shards and an index
+    for name in one:
+      assert one[name] == two[name], (out, name)
+  for i in range(2):
+    r = json.loads((tmp_path / f"r{i}.json").read_text())
+    assert r["growth"] <= 0.6 * r["model"], r

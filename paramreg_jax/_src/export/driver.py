@@ -11,6 +11,7 @@ assembled from parts along an inner axis, which is built whole before it is writ
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -32,6 +33,8 @@ from paramreg_jax._src.export.plan import TensorPlan
 from paramreg_jax._src.export.plan import companion_names
 from paramreg_jax._src.export.plan import plan_export
 from paramreg_jax._src.export.staging import Staging
+from paramreg_jax._src.export.staging import check_destination
+from paramreg_jax._src.export.staging import existing_files
 
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size, "5GB"
 _DEFAULT_BLOCK = 16 * 2**20
@@ -110,14 +113,32 @@ def export(
   plan = _restore_plan(params, mapping, source, rename, aliases, exclude)
   exported = plan_export(plan, copy_unmapped=copy_unmapped)
   leaves = _check_params(params, plan)
+  if jax.process_count() > 1:  # every process writes the tensors it owns
+    from paramreg_jax._src.export import multihost
+
+    check_destination(final, overwrite)
+    exported = dataclasses.replace(
+      exported, companions=companion_names(plan.source), replaced=existing_files(final)
+    )
+    extras = functools.partial(_write_extras, src=plan.source, companions=exported.companions)
+    return multihost.export_all(
+      final,
+      exported,
+      leaves,
+      plan.source,
+      overwrite=overwrite,
+      max_shard_bytes=max_shard_bytes,
+      block=block,
+      extras=extras,
+    )
   staging = Staging(final, overwrite=overwrite)
   exported = dataclasses.replace(
-    exported, companions=companion_names(plan.source), replaced=staging.existing()
+    exported, companions=companion_names(plan.source), replaced=existing_files(final)
   )
   bar = _progress(progress, exported.nbytes)
   try:
     _write_shards(staging, exported, leaves, plan.source, max_shard_bytes, block, bar)
-    _write_extras(staging, plan.source, exported.companions)
+    _write_extras(staging, src=plan.source, companions=exported.companions)
     staging.commit()
   except BaseException as e:
     staging.abort()
@@ -166,7 +187,7 @@ def _write_shards(
       f.write(head)
       for i, offset in zip(positions, offsets):
         t = exported.tensors[i]
-        _write_tensor(f.fileno(), len(head) + offset, t, leaves, src, block)
+        write_tensor(f.fileno(), len(head) + offset, t, Fetch(leaves), src, block)
         weight_map[t.key] = name
         if bar is not None:
           bar.update(t.nbytes)
@@ -174,7 +195,7 @@ def _write_shards(
     staging.path(writer.INDEX_NAME).write_bytes(writer.index(weight_map, exported.nbytes))
 
 
-def _write_extras(staging: Staging, src: Any, companions: tuple[str, ...]) -> None:
+def _write_extras(staging: Staging, *, src: Any, companions: tuple[str, ...]) -> None:
   """The source's ``config.json`` and its companion files (tokenizer, generation config)."""
   config = getattr(src, "config", None)
   if isinstance(config, Mapping):
@@ -245,12 +266,6 @@ def _check_params(params: Any, plan: plan_lib.RestorePlan) -> dict[str, Any]:
         f"{tuple(entry.shape)} {np.dtype(entry.dtype)}"
       )
       continue
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-      problems.append(
-        f"{entry.key}: not fully addressable from this process; export from one process after "
-        "gathering (jax.experimental.multihost_utils.process_allgather)"
-      )
-      continue
     out[entry.key] = leaf
   problems += _diverged_aliases(plan, by_key, out)
   if problems:
@@ -258,6 +273,16 @@ def _check_params(params: Any, plan: plan_lib.RestorePlan) -> dict[str, Any]:
       errors.collected("export these parameters", problems, "nothing was written")
     )
   return out
+
+
+def _whole(leaf: Any) -> np.ndarray:
+  """All of a parameter on this host (gathered from every process when it is spread over
+  them: a collective, which every process reaches in the same order)."""
+  if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+  return np.asarray(fetch_region(leaf, ()))
 
 
 def _deleted(leaf: Any) -> bool:
@@ -277,7 +302,7 @@ def _diverged_aliases(
     alias, owner = found[1], leaves[entry.owner]
     if _deleted(alias):
       continue  # the owner is written; a deleted alias has no value of its own to lose
-    a, b = np.asarray(_fetch(alias, ())), np.asarray(_fetch(owner, ()))
+    a, b = _whole(alias), _whole(owner)
     if a.shape == b.shape and a.dtype == b.dtype and _same_bits(a, b).all():
       continue
     gap = (
@@ -296,7 +321,7 @@ def _diverged_aliases(
   return problems
 
 
-def _fetch(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
+def fetch_region(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
   """``leaf[index]`` on the host, copying only the shards the index touches. Indexing happens
   in numpy (a CPU device's buffer is viewed, not copied): indexing the ``jax.Array`` would
   compile an XLA program per distinct slice."""
@@ -326,9 +351,9 @@ def _fetch(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
   return out.squeeze(squeeze) if squeeze else out
 
 
-def _piece(leaf: Any, placement: inv.Placement, key: str, param: str) -> np.ndarray:
-  lead, rest = inv.leading_region(placement.ops, tuple(leaf.shape))
-  value = inv.apply(rest, _fetch(leaf, lead))
+def _piece(fetch: Fetch, placement: inv.Placement, key: str, param: str) -> np.ndarray:
+  lead, rest = inv.leading_region(placement.ops, fetch.shape(param))
+  value = inv.apply(rest, fetch(param, lead))
   if value.shape != placement.shape or value.dtype != placement.dtype:
     raise errors.ExportError(
       f"{key}: {param} gives a {value.shape} {value.dtype} piece, the tensor needs "
@@ -357,7 +382,23 @@ def _rows(region: tuple[Any, ...], n: int) -> list[tuple[int, int, int]] | None:
   return runs
 
 
-def _write_tensor(fd: int, start: int, t: TensorPlan, leaves: dict, src: Any, block: int) -> None:
+class Fetch:
+  """``fetch(param, index)``: a parameter's region on this host (``_fetch``, from the shards
+  this process holds); the multi-host export passes regions it gathered."""
+
+  def __init__(self, leaves: dict[str, Any]):
+    self.leaves = leaves
+
+  def shape(self, param: str) -> tuple[int, ...]:
+    return tuple(self.leaves[param].shape)
+
+  def __call__(self, param: str, index: tuple[Any, ...]) -> np.ndarray:
+    return fetch_region(self.leaves[param], index)
+
+
+def write_tensor(fd: int, start: int, t: TensorPlan, fetch: Fetch, src: Any, block: int) -> None:
+  """Writes checkpoint tensor ``t`` at ``start`` of ``fd``: copied from the source, row runs of
+  its pieces, or (pieces along an inner axis, overlapping pieces) assembled whole."""
   row_bytes = (
     int(np.prod(t.shape[1:], dtype=np.int64)) * t.dtype.itemsize if t.shape else t.dtype.itemsize
   )
@@ -381,7 +422,7 @@ def _write_tensor(fd: int, start: int, t: TensorPlan, leaves: dict, src: Any, bl
   if all(r is not None for r in runs) and not overlapping:
     for p, piece_runs in zip(t.pieces, runs):
       assert piece_runs is not None
-      value = _piece(leaves[p.param], p.placement, t.key, p.param)
+      value = _piece(fetch, p.placement, t.key, p.param)
       if not t.shape:
         value = value.reshape(1)
       for first, piece_first, count in piece_runs:
@@ -391,7 +432,7 @@ def _write_tensor(fd: int, start: int, t: TensorPlan, leaves: dict, src: Any, bl
   out = np.empty(t.shape, t.dtype)
   owner = np.full(t.shape, -1, np.int32) if overlapping else None
   for n, p in enumerate(t.pieces):
-    value = _piece(leaves[p.param], p.placement, t.key, p.param)
+    value = _piece(fetch, p.placement, t.key, p.param)
     index = _index(p.placement.region, t.shape)
     if owner is not None:
       had = owner[index]

@@ -81,12 +81,6 @@ class Staging:
   def path(self, name: str) -> pathlib.Path:
     return self.dir / name
 
-  def existing(self) -> tuple[str, ...]:
-    """What a replace removes: every file under the final path now (relative names)."""
-    if not self.final.is_dir():
-      return ()
-    return tuple(sorted(str(p.relative_to(self.final)) for p in self.final.rglob("*")))
-
   def commit(self) -> None:
     """Publishes the staged directory (synced first); see the module docstring."""
     _sync_tree(self.dir)
@@ -142,6 +136,13 @@ class Staging:
       if parts[0] == "old" and parked.is_dir() and not self.final.exists():
         os.rename(parked, self.final)
       shutil.rmtree(stale, ignore_errors=True)
+
+
+def existing_files(final: pathlib.Path) -> tuple[str, ...]:
+  """What a replace of ``final`` removes: every file under it now (relative names)."""
+  if not final.is_dir():
+    return ()
+  return tuple(sorted(str(p.relative_to(final)) for p in final.rglob("*") if p.is_file()))
 
 
 def check_destination(final: pathlib.Path, overwrite: bool) -> None:
