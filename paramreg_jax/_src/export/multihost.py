@@ -29,12 +29,12 @@ from jax.experimental import multihost_utils
 from paramreg_jax._src import errors
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.export import writer
-from paramreg_jax._src.export.driver import Fetch
-from paramreg_jax._src.export.driver import fetch_region as _fetch
-from paramreg_jax._src.export.driver import write_tensor
 from paramreg_jax._src.export.plan import ExportPlan
 from paramreg_jax._src.export.plan import TensorPlan
 from paramreg_jax._src.export.staging import Staging
+from paramreg_jax._src.export.tensors import Fetch
+from paramreg_jax._src.export.tensors import fetch_region as _fetch
+from paramreg_jax._src.export.tensors import write_tensor
 
 _NAME_BYTES = 4096
 
