@@ -398,12 +398,19 @@ def test_the_command_line_converts_and_exports(tmp_path, monkeypatch, capsys):
   )
   out = json.loads(capsys.readouterr().out)
   assert code == 0 and out["ok"] and out["files"] == ["config.json", "model.safetensors"]
+  assert out["companions"] == [] and out["replaced"] == []
   assert_same_tensors(original / "model.safetensors", tmp_path / "back" / "model.safetensors")
   code = cli.main(
     ["export", "conv", "back", "--like", str(original), "--target", "model_def:abstract", "--json"]
   )
   out = json.loads(capsys.readouterr().out)
   assert code == 1 and out["type"] == "ExportError" and "--overwrite" in out["error"]
+  code = cli.main(
+    ["export", "conv", "back", "--like", str(original), "--target", "model_def:abstract"]
+    + ["--json", "--overwrite"]
+  )
+  out = json.loads(capsys.readouterr().out)
+  assert code == 0 and out["replaced"] == ["config.json", "model.safetensors"]
 
 
 # --- every op backwards, against the forward recipe (property: export(restore(x)) == x) --------

@@ -310,6 +310,7 @@ def cmd_export(args: argparse.Namespace) -> int:
   if args.json:
     out = {"ok": True, "path": str(pathlib.Path(args.dst).absolute()), "files": files}
     out |= {"tensors": len(plan.tensors), "bytes": plan.nbytes}
+    out |= {"companions": list(plan.companions), "replaced": list(plan.replaced)}
     print(json.dumps(out, indent=1))
   else:
     print(plan)
