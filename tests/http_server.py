@@ -44,17 +44,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
       return
     self._serve(body=True)
 
+  def _status(self, code: int) -> None:
+    self.send_response(code)
+    self.send_header("Content-Length", "0")
+    self.end_headers()
+
   def _serve(self, body: bool) -> None:
     s = self.server
     if s.slow:
       time.sleep(s.slow)
     path = self._file()
+    name = self.path.split("?")[0].lstrip("/")
+    with s.lock:
+      queued = s.statuses.get(name)
+      status = queued.pop(0) if queued else None
+    if status is not None:
+      return self._status(status)
     if path is None:
-      self.send_response(404)
-      self.send_header("Content-Length", "0")
-      self.end_headers()
-      return
-    size = path.stat().st_size
+      return self._status(404)
+    stat = path.stat()
+    size = stat.st_size
+    etag = f'"{size:x}-{stat.st_mtime_ns:x}"'
+    if s.honor_if_match and self.headers.get("If-Match") not in (None, "*", etag):
+      return self._status(412)
     start, end = 0, size
     ranged = False
     match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
@@ -62,11 +74,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
       start = int(match.group(1))
       end = min(size, int(match.group(2)) + 1) if match.group(2) else size
       ranged = True
+    shown = (max(0, start - s.shift), max(0, start - s.shift) + end - start)  # a lying 206
+    start, end = shown if ranged and s.shift else (start, end)
     self.send_response(206 if ranged else 200)
     self.send_header("Accept-Ranges", "none" if s.ignore_range else "bytes")
-    self.send_header("Content-Length", str(end - start))
+    if s.validators:
+      self.send_header("ETag", etag)
+      self.send_header(
+        "Last-Modified", time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(stat.st_mtime))
+      )
+    if s.no_length and not ranged:
+      self.send_header("Connection", "close")
+      self.close_connection = True
+    else:
+      self.send_header("Content-Length", str(end - start))
     if ranged:
-      self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+      self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size + s.total_lie}")
     self.end_headers()
     if not body:
       return
@@ -85,10 +108,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
       sent = 0
       while sent < want:
         chunk = f.read(min(1 << 20, want - sent))
+        if s.trickle:  # one byte at a time, s.trickle seconds apart
+          chunk = chunk[:1]
+          f.seek(start + sent + 1)
+          time.sleep(s.trickle)
         with s.lock:  # counted before it is written: bytes a client has are always counted
           s.sent[client] = s.sent.get(client, 0) + len(chunk)
           s.pushed[request] += len(chunk)
-        self.wfile.write(chunk)
+        try:
+          self.wfile.write(chunk)
+        except OSError:  # the client hung up (a deadline, a refused document)
+          return
         sent += len(chunk)
     if drop:
       self.wfile.flush()
@@ -109,6 +139,13 @@ class Server(http.server.ThreadingHTTPServer):
     self.ignore_range = False
     self.drop_next = 0
     self.slow = 0.0
+    self.validators = True  # send ETag and Last-Modified
+    self.honor_if_match = True  # answer 412 when If-Match names another ETag
+    self.shift = 0  # a 206 whose Content-Range (and body) are this many bytes earlier
+    self.total_lie = 0  # added to the object size in Content-Range
+    self.trickle = 0.0  # seconds between single bytes
+    self.no_length = False  # whole-object bodies without Content-Length, until the close
+    self.statuses: dict[str, list[int]] = {}  # per path: statuses to answer before serving
 
   def handle_error(self, request: Any, client_address: Any) -> None:
     pass  # a client that hangs up (a timeout test) is not a server error

@@ -37,6 +37,8 @@ import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
+import paramreg_jax as prj  # noqa: E402
+
 
 def run_cli(*args, cwd=None):
   return subprocess.run(
@@ -212,7 +214,7 @@ def test_errors_are_one_line_unless_debug(tmp_path):
   assert r.returncode == 1 and r.stdout == ""
   assert (
     r.stderr.strip()
-    == f"paramreg-jax: error: FileNotFoundError: {tmp_path / 'nope'}: no such file or directory"
+    == f"paramreg-jax: error: MissingShardError: {tmp_path / 'nope'}: no such file or directory"
   )
   (tmp_path / "bad.safetensors").write_bytes(b"\x01")
   r = run_cli("inspect", str(tmp_path / "bad.safetensors"))
@@ -243,7 +245,7 @@ def test_json_failures_are_objects_on_stdout(tmp_path):
   assert json.loads(r.stdout) == {
     "ok": False,
     "error": f"{tmp_path / 'nope'}: no such file or directory",
-    "type": "FileNotFoundError",
+    "type": "MissingShardError",
   }
   r = run_cli(
     "plan", str(tmp_path / "m.safetensors"), "--target", "cli_targets:bad", "--json", cwd=tmp_path
@@ -261,7 +263,7 @@ def test_step_and_item_are_refused_for_safetensors(tmp_path, flags):
   r = run_cli("inspect", str(tmp_path / "m.safetensors"), *flags, "--json")
   assert r.returncode == 1
   data = json.loads(r.stdout)
-  assert data["type"] == "ValueError"
+  assert data["type"] == "StoreError"
   assert "select a step/item of an orbax CheckpointManager" in data["error"]
   assert "is a safetensors checkpoint; drop them" in data["error"]
 
@@ -318,3 +320,15 @@ def test_a_name_that_is_not_valid_utf8_is_refused_in_one_printable_line(tmp_path
   assert r.returncode == 1 and r.stdout == "" and "UnicodeEncodeError" not in r.stderr
   assert "MalformedSafetensorsError" in r.stderr and "is not valid UTF-8" in r.stderr
   assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_json_type_is_always_ours_and_a_foreign_cause_is_named(tmp_path):
+  make_files(tmp_path)
+  (tmp_path / "raising.py").write_text("def target():\n  raise RuntimeError('the model broke')\n")
+  r = run_cli(
+    "plan", str(tmp_path / "m.safetensors"), "--target", "raising:target", "--json", cwd=tmp_path
+  )
+  data = json.loads(r.stdout)
+  assert r.returncode == 1 and data["type"] == "ParamRegError" and data["cause"] == "RuntimeError"
+  assert "RuntimeError: the model broke" in data["error"]
+  assert issubclass(getattr(prj, data["type"]), Exception)

@@ -406,8 +406,13 @@ def test_the_command_line_converts_and_exports(tmp_path, monkeypatch, capsys):
   out = json.loads(capsys.readouterr().out)
   assert code == 1 and out["type"] == "ExportError" and "--overwrite" in out["error"]
   code = cli.main(
-    ["export", "conv", "back", "--like", str(original), "--target", "model_def:abstract"]
-    + ["--json", "--overwrite"]
+    [
+      *["export", "conv", "back", "--like", str(original)],
+      "--target",
+      "model_def:abstract",
+      "--json",
+      "--overwrite",
+    ]
   )
   out = json.loads(capsys.readouterr().out)
   assert code == 0 and out["replaced"] == ["config.json", "model.safetensors"]

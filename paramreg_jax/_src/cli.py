@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from paramreg_jax._src import errors
+
 
 def _ensure_virtual_devices(count: int = 8) -> None:
   """``count`` CPU devices (unless ``XLA_FLAGS`` already asks for a number) and a thread pool
@@ -47,7 +49,7 @@ def open_source(path: str, *, step: int | None = None, item: str | None = None) 
     return SafetensorsSource(path)
   p = pathlib.Path(path)
   if not p.exists():
-    raise FileNotFoundError(f"{path}: no such file or directory")
+    raise errors.MissingShardError(f"{path}: no such file or directory")
   safetensors = (
     p.is_file() and (p.suffix == ".safetensors" or p.name.endswith(".index.json"))
   ) or (
@@ -57,7 +59,7 @@ def open_source(path: str, *, step: int | None = None, item: str | None = None) 
     return OrbaxSource(p, step=step, item=item)
   given = [flag for flag, value in (("--step", step), ("--item", item)) if value is not None]
   if given:
-    raise ValueError(
+    raise errors.StoreError(
       f"{' and '.join(given)} select a step/item of an orbax CheckpointManager, but {path} is a "
       "safetensors checkpoint; drop them"
     )
@@ -154,7 +156,6 @@ def _check_target(spec: str, target: Any) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-  from paramreg_jax._src import errors
   from paramreg_jax._src.plan import plan_restore
 
   src = open_source(args.path, step=args.step, item=args.item)
@@ -171,7 +172,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-  from paramreg_jax._src import errors
   from paramreg_jax._src.match import match
 
   src = open_source(args.path, step=args.step, item=args.item)
@@ -253,7 +253,6 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 def cmd_convert(args: argparse.Namespace) -> int:
   """A foreign checkpoint -> an orbax checkpoint in the target's own layout (recipes once)."""
-  from paramreg_jax._src import errors
   from paramreg_jax._src.export.convert import convert
 
   src = open_source(args.path, step=args.step, item=args.item)
@@ -283,7 +282,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
   """Parameters (an orbax checkpoint in the target's layout) -> the layout of ``--like``."""
-  from paramreg_jax._src import errors
   from paramreg_jax._src.export.driver import export
   from paramreg_jax._src.restore import restore
 
@@ -443,7 +441,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   except Exception as e:  # one clear line unless --debug
     if args.debug:
       raise
-    _fail(args, " ".join(str(e).split()), type(e).__name__)
+    if isinstance(e, errors.ParamRegError):
+      _fail(args, " ".join(str(e).split()), type(e).__name__)
+    else:  # not one of ours: the root type, the cause named beside it
+      message = f"{type(e).__name__}: {' '.join(str(e).split())}"
+      _fail(args, message, "ParamRegError", cause=type(e).__name__)
     return 1
 
 

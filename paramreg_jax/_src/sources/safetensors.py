@@ -276,6 +276,14 @@ class SafetensorsSource(source_lib.BaseSource):
     retries: for a URL, how often a transient failure (a dropped connection, a timeout, HTTP
       5xx or 429) is retried, with exponential backoff.
     timeout: for a URL, seconds to connect and between received bytes.
+    min_throughput: for a URL, bytes per second a request must average: each request's
+      deadline is ``timeout`` plus its bytes at this rate (default 1 MiB/s), so a server that
+      trickles fails in seconds, not hours.
+
+  A remote object is pinned when it is opened: its size and validator (ETag, else
+  Last-Modified) are checked on every response (and sent as ``If-Match``), and a ``206`` must
+  name exactly the bytes asked for; an object replaced meanwhile is an error, never a wrong
+  value. The index and ``config.json`` are capped at 64 MiB while they stream.
 
   Raises:
     MalformedSafetensorsError: a truncated file, a header past the end, bad offsets, an
@@ -283,7 +291,10 @@ class SafetensorsSource(source_lib.BaseSource):
     MalformedIndexError / UnsafeShardPathError / MissingShardError /
     ContradictoryIndexMappingError: problems with a sharded index.
     SourceIOError: a URL that cannot be read: a server that ignores ``Range`` (refused before
-      it sends the object), 403, timeouts after the retries; the URL is named.
+      it sends the object), 403, timeouts after the retries, an object that changed; the URL
+      is named.
+    StoreError: a bad argument (an unknown protocol, ``retries`` < 0, a non-positive
+      ``timeout``, ``storage_options`` that are not a dict).
 
   Examples:
     >>> import numpy as np, tempfile, os
@@ -305,12 +316,14 @@ class SafetensorsSource(source_lib.BaseSource):
     storage_options: dict[str, Any] | None = None,
     retries: int = 3,
     timeout: float = 30.0,
+    min_throughput: float = stores.MIN_THROUGHPUT,
   ):
     super().__init__()
     self._where: dict[str, _File] = {}
     if stores.is_url(path):
       self.path: Any = str(path)
-      self._open_remote(str(path), storage_options, retries, timeout)
+      stores.check_remote_args(self.path, storage_options, retries, timeout, min_throughput)
+      self._open_remote(str(path), storage_options, retries, timeout, min_throughput)
     else:
       self.path = pathlib.Path(path)
       self._open_local()
@@ -337,14 +350,16 @@ class SafetensorsSource(source_lib.BaseSource):
       raise errors.MissingShardError(f"{self.path}: no such file or directory")
 
   def _open_remote(
-    self, url: str, options: dict[str, Any] | None, retries: int, timeout: float
+    self, url: str, options: Any, retries: int, timeout: float, min_throughput: float
   ) -> None:
     """A file URL, an index URL, or a folder URL (its index, else its ``model.safetensors``)."""
     if url.endswith(".safetensors") or url.endswith(".json"):
       root, name = url.rsplit("/", 1)
     else:
       root, name = url.rstrip("/"), ""
-    self._folder = stores.RemoteFolder(root, options=options, retries=retries, timeout=timeout)
+    self._folder = stores.RemoteFolder(
+      root, options=options, retries=retries, timeout=timeout, min_throughput=min_throughput
+    )
     if not name:
       name = INDEX_NAME if self._folder.exists(INDEX_NAME) else "model.safetensors"
     if name.endswith(".json"):
@@ -365,6 +380,8 @@ class SafetensorsSource(source_lib.BaseSource):
       return None
     try:
       data = json.loads(self._folder.read_text("config.json"))
+    except errors.SourceIOError:
+      raise  # the document could not be read (a status, the cap): not a malformed one
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
       raise errors.MalformedConfigError(f"{where}: cannot parse the model config: {e}") from None
     if not isinstance(data, dict):
@@ -403,6 +420,8 @@ class SafetensorsSource(source_lib.BaseSource):
     index = folder.describe(index_name)
     try:
       data = json.loads(folder.read_text(index_name))
+    except errors.SourceIOError:
+      raise  # the document could not be read (a status, the cap): not a malformed one
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
       raise errors.MalformedIndexError(f"{index}: cannot parse the index: {e}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None

@@ -19,9 +19,13 @@ with their fsspec packages), one range request per read, never the whole object:
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
+import re
+import threading
 import time
+import urllib.parse
 from typing import Any
 
 import numpy as np
@@ -35,54 +39,122 @@ def is_url(path: Any) -> bool:
 
 
 class LocalFile:
-  """A local file, open from validation to the last read."""
+  """A local file, open from validation to the last read. Reads hold the descriptor while they
+  use it: ``close()`` while a read is in flight closes it when that read is done, and refuses
+  new reads, so no read can land on a descriptor number the system gave to another file."""
 
   def __init__(self, path: pathlib.Path):
     self.name: Any = path
     self.fd = -1
+    self._lock = threading.Lock()
+    self._users = 0
+    self._closing = False
     try:
       self.fd = os.open(path, os.O_RDONLY)
     except OSError as e:
       raise errors.SourceIOError(f"{path}: cannot open: {e}") from e
 
+  def _acquire(self) -> int:
+    with self._lock:
+      if self.fd < 0 or self._closing:
+        raise errors.SourceIOError(f"{self.name}: the source was closed; open it again to read")
+      self._users += 1
+      return self.fd
+
+  def _release(self) -> None:
+    with self._lock:
+      self._users -= 1
+      if self._closing and self._users == 0 and self.fd >= 0:
+        os.close(self.fd)
+        self.fd = -1
+
   @property
   def size(self) -> int:
-    return os.fstat(self.fd).st_size
+    fd = self._acquire()
+    try:
+      return os.fstat(fd).st_size
+    finally:
+      self._release()
 
   def pread(self, n: int, offset: int) -> bytes:
-    return os.pread(self.fd, n, offset)
+    fd = self._acquire()
+    try:
+      return os.pread(fd, n, offset)
+    finally:
+      self._release()
 
   def pread_into(self, array: np.ndarray, offset: int, what: str) -> None:
     """Fills the C-contiguous ``array`` from ``offset``; a short read (the file shrank) is an
     error."""
-    if self.fd < 0:
-      raise errors.SourceIOError(f"{self.name}: the source was closed; open it again to read")
     assert array.flags.c_contiguous  # reshape would copy otherwise, and the read would be lost
     out = array.reshape(-1).view(np.uint8).data
-    done, want = 0, len(out)
-    while done < want:
-      n = os.preadv(self.fd, [out[done:]], offset + done)
-      if n == 0:
-        raise errors.SourceIOError(
-          f"{self.name}: {what} needs bytes up to {offset + want}, but the file is now "
-          f"{self.size} bytes (truncated after it was opened?)"
-        )
-      done += n
+    fd = self._acquire()
+    try:
+      done, want = 0, len(out)
+      while done < want:
+        n = os.preadv(fd, [out[done:]], offset + done)
+        if n == 0:
+          raise errors.SourceIOError(
+            f"{self.name}: {what} needs bytes up to {offset + want}, but the file is now "
+            f"{os.fstat(fd).st_size} bytes (truncated after it was opened?)"
+          )
+        done += n
+    finally:
+      self._release()
 
   def close(self, _os_close=os.close) -> None:
     # ``os.close`` is bound at definition: at interpreter exit ``__del__`` may run after the
     # module's globals (``os``) are gone.
-    if self.fd >= 0:
-      _os_close(self.fd)
-      self.fd = -1
+    with self._lock:
+      self._closing = True
+      if self.fd >= 0 and self._users == 0:
+        _os_close(self.fd)
+        self.fd = -1
 
 
 class RangeNotSupported(Exception):
   pass
 
 
+class _Changed(Exception):
+  """The object at the URL is not the one that was opened."""
+
+
 class _Transient(Exception):
   pass
+
+
+# Protocols whose objects are read by range requests here (fsspec's names).
+PROTOCOLS = ("http", "https", "gs", "gcs", "s3", "s3a", "hf", "az", "abfs")
+
+
+def check_remote_args(
+  url: str, options: Any, retries: Any, timeout: Any, min_throughput: Any
+) -> dict[str, Any] | None:
+  """The arguments of a URL source, checked before any request; a ``StoreError`` names the
+  argument, what it got and what it takes."""
+  protocol = url.split("://", 1)[0].lower()
+  if protocol not in PROTOCOLS:
+    raise errors.StoreError(
+      f"{url}: {protocol}:// is not a protocol read here; use one of "
+      f"{', '.join(p + '://' for p in PROTOCOLS)}, or a local path"
+    )
+  if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    raise errors.StoreError(f"{url}: retries must be an int >= 0, got {retries!r}")
+  for name, value in (("timeout", timeout), ("min_throughput", min_throughput)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      raise errors.StoreError(f"{url}: {name} must be a positive number, got {value!r}")
+  if options is not None and not isinstance(options, dict):
+    raise errors.StoreError(
+      f"{url}: storage_options must be a dict of the filesystem's options, got "
+      f"{type(options).__name__}"
+    )
+  for key in ("client_kwargs", "headers"):
+    if options and key in options and not isinstance(options[key], dict):
+      raise errors.StoreError(
+        f"{url}: storage_options[{key!r}] must be a dict, got {type(options[key]).__name__}"
+      )
+  return options
 
 
 def filesystem(url: str, options: dict[str, Any] | None, timeout: float) -> tuple[Any, str]:
@@ -110,7 +182,7 @@ def filesystem(url: str, options: dict[str, Any] | None, timeout: float) -> tupl
     kwargs["client_kwargs"] = client
   try:
     fs = fsspec.filesystem(protocol, **kwargs)
-  except (ImportError, ValueError) as e:
+  except Exception as e:
     raise errors.SourceIOError(
       f"{url}: no filesystem for {protocol}:// ({e}); install its fsspec package (gcsfs for "
       "gs://, s3fs for s3://, huggingface_hub for hf://)"
@@ -122,18 +194,35 @@ def filesystem(url: str, options: dict[str, Any] | None, timeout: float) -> tupl
 # and the JSON header of most checkpoints (a 7B model's shard: about 30 KB), so opening is one
 # request instead of three
 HEAD_BYTES = 64 << 10
+# every request's deadline: ``timeout`` plus its bytes at this throughput (a server that
+# trickles is an error, not a read that takes hours); ``min_throughput=`` overrides it
+MIN_THROUGHPUT = 1 << 20  # bytes per second
+# the largest index or config document read (streamed; refused past it)
+DOCUMENT_CAP = 64 << 20
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
 class RemoteFile:
   """An object at a URL, read by range requests."""
 
-  def __init__(self, url: str, *, options: dict[str, Any] | None, retries: int, timeout: float):
+  def __init__(
+    self,
+    url: str,
+    *,
+    options: dict[str, Any] | None,
+    retries: int,
+    timeout: float,
+    min_throughput: float = MIN_THROUGHPUT,
+  ):
     self.name: Any = url
     self.retries = retries
     self.timeout = timeout
+    self.min_throughput = min_throughput
     self.fs, self.path = filesystem(url, options, timeout)
     self.http = url.split("://", 1)[0] in ("http", "https")
     self.closed = False
+    self.etag: str | None = None  # the validators the object had when it was opened
+    self.modified: str | None = None
     self._size = -1
     self._head = b""  # the object's first bytes, from the request that opened it
     try:
@@ -186,19 +275,30 @@ class RemoteFile:
     return data
 
   def _http_range(self, start: int, end: int) -> bytes:
-    """One ``Range`` GET; the status and headers are checked before the body is read, so a
-    server that ignores ``Range`` never sends us the whole object."""
+    """One ``Range`` GET, within its deadline; the status, the range and the validators are
+    checked before the body is read, so a server that ignores ``Range`` never sends us the
+    whole object, and an object replaced since it was opened is never read as good."""
     from fsspec.asyn import sync
 
     async def fetch() -> bytes:
+      import aiohttp
+
       session = await self.fs.set_session()
       headers = {**self.fs.kwargs.get("headers", {}), "Range": f"bytes={start}-{end - 1}"}
-      kw = {k: v for k, v in self.fs.kwargs.items() if k != "headers"}
+      if self.etag and not self.etag.startswith("W/"):
+        headers["If-Match"] = self.etag  # the server refuses (412) if the object changed
+      deadline = self.timeout + (end - start) / self.min_throughput
+      kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("headers", "timeout")}
+      kw["timeout"] = aiohttp.ClientTimeout(
+        total=deadline, sock_connect=self.timeout, sock_read=self.timeout
+      )
       async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
         if r.status == 404:
           raise FileNotFoundError(self.path)
         if r.status in (401, 403):
           raise PermissionError(f"HTTP {r.status} {r.reason}")
+        if r.status == 412:
+          raise _Changed(f"the server says it no longer matches ETag {self.etag}")
         if r.status == 429 or r.status >= 500:
           raise _Transient(f"HTTP {r.status} {r.reason}")
         if r.status == 416 and start == 0:  # an empty object
@@ -209,23 +309,48 @@ class RemoteFile:
             f"HTTP {r.status} to a Range request (the server ignores Range and would send the "
             f"whole object, {r.headers.get('Content-Length', '?')} bytes)"
           )
-        total = r.headers.get("Content-Range", "").rpartition("/")[2]
-        if total.isdigit():
-          self._size = int(total)
-        elif self._size < 0:
-          raise RangeNotSupported("a 206 response without the object's size in Content-Range")
+        self._check_response(r.headers, start, end)
         return await r.read()
 
     return sync(self.fs.loop, fetch)
+
+  def _check_response(self, headers: Any, start: int, end: int) -> None:
+    """A 206 names exactly the bytes asked for, of an object of the opened size and
+    validators; the first response pins them."""
+    m = _CONTENT_RANGE.fullmatch(headers.get("Content-Range", "").strip())
+    if m is None:
+      raise RangeNotSupported(
+        f"a 206 response whose Content-Range ({headers.get('Content-Range')!r}) does not name "
+        "the bytes and the object's size"
+      )
+    first, last, total = (int(x) for x in m.groups())
+    if self._size >= 0 and total != self._size:
+      raise _Changed(f"its size is now {total} bytes, it was {self._size} when opened")
+    if (first, last) != (start, min(end, total) - 1):
+      raise RangeNotSupported(
+        f"asked for bytes {start}-{end - 1}, the server answered bytes {first}-{last}"
+      )
+    etag, modified = headers.get("ETag"), headers.get("Last-Modified")
+    if self._size < 0:  # the request that opened it
+      self._size, self.etag, self.modified = total, etag, modified
+    elif self.etag and etag and etag != self.etag:
+      raise _Changed(f"its ETag is now {etag}, it was {self.etag} when opened")
+    elif not self.etag and self.modified and modified and modified != self.modified:
+      raise _Changed(f"it was modified at {modified}, opened as of {self.modified}")
 
   def _retrying(self, call: Any, what: str) -> Any:
     delay = 0.05
     for attempt in range(self.retries + 1):
       try:
         return call()
-      except (FileNotFoundError, PermissionError, RangeNotSupported) as e:
-        if isinstance(e, FileNotFoundError):
+      except (FileNotFoundError, PermissionError, RangeNotSupported, _Changed, _TooLarge) as e:
+        if isinstance(e, (FileNotFoundError, _TooLarge)):
           raise
+        if isinstance(e, _Changed):
+          raise errors.SourceIOError(
+            f"{self.name}: the object changed after it was opened ({e}); nothing read from it "
+            "is used: open the source again"
+          ) from None
         raise errors.SourceIOError(f"{self.name}: reading {what}: {e}; not retried") from None
       except Exception as e:  # connection dropped, timeout, 5xx: transient
         if not _is_transient(e) or attempt == self.retries:
@@ -236,7 +361,7 @@ class RemoteFile:
           ) from e
         time.sleep(delay)
         delay = min(2 * delay, 2.0)
-    raise AssertionError("unreachable")
+    raise errors.SourceIOError(f"{self.name}: reading {what}: no attempt was made")
 
   def close(self) -> None:
     self.closed = True
@@ -285,41 +410,131 @@ class LocalFolder:
 
 
 class RemoteFolder:
-  """A URL prefix that a checkpoint's files live under."""
+  """A URL prefix that a checkpoint's files live under. Its documents (an index, a config, a
+  tokenizer) are read whole but capped (``cap`` bytes, refused while streaming), with the same
+  retries as payload reads; a status other than 200/404 is an error naming the URL."""
 
-  def __init__(self, root: str, *, options: dict[str, Any] | None, retries: int, timeout: float):
+  def __init__(
+    self,
+    root: str,
+    *,
+    options: dict[str, Any] | None,
+    retries: int,
+    timeout: float,
+    min_throughput: float = MIN_THROUGHPUT,
+  ):
     self.root = root.rstrip("/")
     self.options, self.retries, self.timeout = options, retries, timeout
+    self.min_throughput = min_throughput
     self.fs, _ = filesystem(self.root, options, timeout)
+    self.http = self.root.split("://", 1)[0] in ("http", "https")
 
   def describe(self, name: str) -> Any:
     return f"{self.root}/{name}"
 
   def exists(self, name: str) -> bool:
+    """Whether ``name`` is there (a failed request is an error, never a "no")."""
     try:
-      return bool(self.fs.exists(self.describe(name)))
-    except Exception:
+      self._document(name, 0, probe=True)
+      return True
+    except FileNotFoundError:
       return False
 
-  def read_text(self, name: str) -> str:
-    url = self.describe(name)
+  def read_text(self, name: str, cap: int = DOCUMENT_CAP) -> str:
     try:
-      return self.fs.cat_file(url).decode("utf-8")
-    except FileNotFoundError:
-      raise FileNotFoundError(f"{url}: not found") from None
+      return self.read_bytes(name, cap).decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise errors.SourceIOError(f"{self.describe(name)}: not UTF-8 text ({e})") from None
 
-  def read_bytes(self, name: str) -> bytes:
-    url = self.describe(name)
+  def read_bytes(self, name: str, cap: int = DOCUMENT_CAP) -> bytes:
     try:
-      return bytes(self.fs.cat_file(url))
+      return self._document(name, cap)
     except FileNotFoundError:
-      raise FileNotFoundError(f"{url}: not found") from None
+      raise FileNotFoundError(f"{self.describe(name)}: not found") from None
+
+  def _document(self, name: str, cap: int, probe: bool = False) -> bytes:
+    url = self.describe(name)
+    reader = RemoteFile.__new__(RemoteFile)  # its retry policy and error naming, no request
+    reader.name, reader.retries, reader.timeout = url, self.retries, self.timeout
+    if not self.http:
+
+      def call() -> bytes:
+        size = int(self.fs.size(url))
+        if probe:
+          return b""
+        if size > cap:
+          raise _TooLarge(size)
+        return bytes(self.fs.cat_file(url))
+    else:
+      call = functools.partial(self._http_document, url, cap, probe)
+    try:
+      return reader._retrying(call, "it" if probe else "the document")
+    except _TooLarge as e:
+      raise errors.SourceIOError(
+        f"{url}: the document is larger than {cap} bytes ({e.args[0]}); refused before it "
+        "was read whole (an index or config is a few MB at most)"
+      ) from None
+
+  def _http_document(self, url: str, cap: int, probe: bool) -> bytes:
+    from fsspec.asyn import sync
+
+    async def fetch() -> bytes:
+      import aiohttp
+
+      session = await self.fs.set_session()
+      kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("timeout",)}
+      kw["timeout"] = aiohttp.ClientTimeout(
+        total=self.timeout + cap / self.min_throughput,
+        sock_connect=self.timeout,
+        sock_read=self.timeout,
+      )
+      method = session.head if probe else session.get
+      async with method(self.fs.encode_url(url), **kw) as r:
+        if r.status == 404:
+          raise FileNotFoundError(url)
+        if r.status in (401, 403):
+          raise PermissionError(f"HTTP {r.status} {r.reason} (denied: credentials?)")
+        if r.status == 429 or r.status >= 500:
+          raise _Transient(f"HTTP {r.status} {r.reason}")
+        if r.status != 200:
+          raise RangeNotSupported(f"HTTP {r.status} {r.reason}")
+        if probe:
+          return b""
+        length = r.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > cap:
+          raise _TooLarge(int(length))
+        body = bytearray()
+        async for chunk in r.content.iter_chunked(1 << 16):
+          body += chunk
+          if len(body) > cap:
+            raise _TooLarge(f"more than {cap}")
+        return bytes(body)
+
+    return sync(self.fs.loop, fetch)
 
   def escapes(self, name: str) -> bool:
-    pure = pathlib.PurePosixPath(name)
-    return pure.is_absolute() or ".." in pure.parts or "://" in name or "\\" in name
+    """Whether ``name`` (from an index) reaches outside the folder, percent-encoded or not."""
+    seen = {name}
+    text = name
+    for _ in range(4):  # %252e%252e: decoded again by a proxy or a server
+      text = urllib.parse.unquote(text)
+      seen.add(text)
+    return any(_outside(t) for t in seen)
 
   def open(self, name: str) -> RemoteFile:
     return RemoteFile(
-      self.describe(name), options=self.options, retries=self.retries, timeout=self.timeout
+      self.describe(name),
+      options=self.options,
+      retries=self.retries,
+      timeout=self.timeout,
+      min_throughput=self.min_throughput,
     )
+
+
+class _TooLarge(Exception):
+  pass
+
+
+def _outside(name: str) -> bool:
+  pure = pathlib.PurePosixPath(name)
+  return pure.is_absolute() or ".." in pure.parts or "://" in name or "\\" in name
