@@ -388,3 +388,37 @@ def test_kept_state_follows_its_parameter_to_a_new_mesh():
   for slot in ("mu", "nu"):
     assert slot_values(moved, slot)["n:k"].sharding == new["k"].sharding
     chex.assert_trees_all_equal(slot_values(moved, slot)["n:k"], slot_values(state, slot)["n:k"])
+
+
+def test_a_changed_learning_rate_follows_the_code_and_is_reported():
+  """``inject_hyperparams(adam)(learning_rate=1e-2)`` in the old run, ``1e-4`` in the code now:
+  the state used to keep 0.01 silently (updates 100x larger than the code says)."""
+  params = {"w": jnp.arange(4.0)}
+  grads = {"w": jnp.ones(4)}
+  old_tx = prj.keyed(optax.inject_hyperparams(optax.adam)(learning_rate=1e-2))
+  old = old_tx.init(params)
+  _, old = old_tx.update(grads, old, params)  # moments and count to keep
+  before = jax.tree.map(np.asarray, old)
+  new_tx = prj.keyed(optax.inject_hyperparams(optax.adam)(learning_rate=1e-4))
+  state, report = prj.reconcile(new_tx, old, params)
+  assert float(state.hyperparams["learning_rate"]) == pytest.approx(1e-4)
+  np.testing.assert_array_equal(state.inner_state[0].mu["w"], before.inner_state[0].mu["w"])
+  assert report.hyperparams == (("hyperparams/learning_rate", "0.01", "0.0001", "code"),)
+  assert "hyperparams/learning_rate: 0.01 (state) -> 0.0001 (code); now the code's" in str(report)
+  assert report.changed
+  # the next update is the one the code asks for: the kept moments at the new rate
+  want = optax.inject_hyperparams(optax.adam)(learning_rate=1e-4).init(params)
+  want = want._replace(
+    inner_state=jax.tree.map(jnp.asarray, before.inner_state), count=before.count
+  )
+  np.testing.assert_array_equal(
+    new_tx.update(grads, state, params)[0]["w"],
+    optax.inject_hyperparams(optax.adam)(learning_rate=1e-4).update(grads, want, params)[0]["w"],
+  )
+  kept, report = prj.reconcile(new_tx, old, params, hyperparams="state")
+  assert float(kept.hyperparams["learning_rate"]) == pytest.approx(1e-2)
+  assert "now the state's, kept (hyperparams='state')" in str(report)
+  _, report = prj.reconcile(old_tx, old, params)  # nothing changed: nothing reported
+  assert report.hyperparams == () and not report.changed
+  with pytest.raises(ValueError, match=r"hyperparams must be one of \('code', 'state'\)"):
+    prj.reconcile(new_tx, old, params, hyperparams="new")

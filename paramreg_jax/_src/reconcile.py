@@ -52,6 +52,7 @@ def reconcile(
   on_unexpected: Literal["drop", "error"] = "drop",
   on_shape_mismatch: Literal["error", "init"] = "error",
   rename: Mapping[str, str] | Callable[[str], str] | None = None,
+  hyperparams: Literal["code", "state"] = "code",
 ) -> tuple[Any, SurgeryReport]:
   """Fits an optimizer state, possibly from an older model, to ``params``, by parameter key.
 
@@ -69,6 +70,10 @@ def reconcile(
       offending key; ``"init"`` re-initialises it.
     rename: old key -> new key (a mapping, or a function returning the key unchanged when it
       does not apply), for renamed modules and reordered lists; the state follows its weight.
+    hyperparams: a numeric hyperparameter of ``optax.inject_hyperparams`` whose value in the
+      state differs from the one the code now gives (``learning_rate=1e-4`` where the state
+      holds ``1e-2``): ``"code"`` (default) takes the code's, ``"state"`` keeps the state's;
+      either way the report lists it, old -> new.
 
   Returns:
     ``(new_state, report)``: a state with exactly the structure of ``tx.init(params)``, and a
@@ -92,14 +97,24 @@ def reconcile(
   _check_option("on_missing", on_missing, ("init", "error"))
   _check_option("on_unexpected", on_unexpected, ("drop", "error"))
   _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init"))
+  _check_option("hyperparams", hyperparams, ("code", "state"))
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
   layout = _new_layout(inner, params, by)
   old = _read_old_state(keyed_lib.optimizer_state(state), layout, rename, by)
+  old = dataclasses.replace(old, params=params)
   layout = _matching_form(layout, old)
   diff = _compare(layout, old)
   _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
-  return _assemble(inner, params, layout, old, diff), diff.report(old)
+  fresh = _fresh(inner, params, layout, diff)
+  changed = _hyperparams_changed(layout, old, fresh)
+  if hyperparams == "code":
+    diff.needs_init |= {comps for comps, _, _ in changed}
+  report = dataclasses.replace(
+    diff.report(old),
+    hyperparams=tuple((name, old_v, new_v, hyperparams) for name, old_v, new_v in _shown(changed)),
+  )
+  return _assemble(layout, old, diff, fresh), report
 
 
 Slot = tuple[Path, str]  # (mirror prefix in the state, parameter key)
@@ -183,6 +198,7 @@ class _OldState:
   elsewhere: dict[str, list[Path]]  # keys with state where the new optimizer keeps none
   overwritten: tuple[str, ...]  # old keys whose state a rename replaced (their key was taken)
   discarded: list[Path]  # non-parameter leaves the new optimizer does not keep
+  params: Any = None  # the new parameters (their placement, for the kept state)
 
   @property
   def keys(self) -> set[str]:
@@ -346,12 +362,45 @@ def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch:
     )
 
 
-def _assemble(
-  inner: optax.GradientTransformation, params: Any, layout: _Layout, old: _OldState, diff: _Diff
-) -> Any:
+def _hyper_paths(layout: _Layout) -> list[Path]:
+  """``inject_hyperparams``' numeric hyperparameters in the state (``.../hyperparams/<name>``)."""
+  return [
+    c
+    for c, sds in layout.leaves
+    if layout.slots[c] is None and len(c) >= 2 and c[-2] == "hyperparams" and not sds.shape
+  ]
+
+
+def _fresh(inner: optax.GradientTransformation, params: Any, layout: _Layout, diff: _Diff) -> dict:
+  """``tx.init``'s leaves, when some leaf needs them or hyperparameters are to be compared."""
+  if not diff.needs_init and not _hyper_paths(layout):
+    return {}
+  return dict(keyed_lib.state_leaves(inner.init(params)))
+
+
+def _hyperparams_changed(
+  layout: _Layout, old: _OldState, fresh: dict[Path, Any]
+) -> list[tuple[Path, Any, Any]]:
+  """``(path, state's value, code's value)`` of the hyperparameters that differ."""
+  out = []
+  for comps in _hyper_paths(layout):
+    have, want = old.plain.get(comps), fresh.get(comps)
+    if have is None or want is None:
+      continue
+    if not np.array_equal(np.asarray(have), np.asarray(want)):
+      out.append((comps, have, want))
+  return out
+
+
+def _shown(changed: list[tuple[Path, Any, Any]]) -> list[tuple[str, str, str]]:
+  return [
+    ("/".join(c), f"{np.asarray(a).item():g}", f"{np.asarray(b).item():g}") for c, a, b in changed
+  ]
+
+
+def _assemble(layout: _Layout, old: _OldState, diff: _Diff, fresh: dict[Path, Any]) -> Any:
   """The new state: kept leaves bit-exact (on their parameter's placement), the rest fresh."""
-  fresh = dict(keyed_lib.state_leaves(inner.init(params))) if diff.needs_init else {}
-  placement = _param_shardings(params, layout.index)
+  placement = _param_shardings(old.params, layout.index)
   leaves = []
   for comps, _ in layout.leaves:
     if comps in diff.needs_init:

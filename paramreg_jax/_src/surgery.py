@@ -25,6 +25,8 @@ class SurgeryReport:
     shifted: ``(list, old length, new length)`` of each list of parameters (``layers``) that
       changed length without a ``rename`` for it: keys are paths, so every index kept the state
       of whatever sat there before, right if entries were appended or removed at the end.
+    hyperparams: ``(path, state's value, code's value, kept)`` of each ``inject_hyperparams``
+      hyperparameter the code now sets differently; ``kept`` is ``"code"`` or ``"state"``.
 
   Examples:
     >>> from paramreg_jax import SurgeryReport
@@ -41,6 +43,7 @@ class SurgeryReport:
   renamed: tuple[tuple[str, str], ...] = ()
   optimizer_changed: str = ""
   shifted: tuple[tuple[str, int, int], ...] = ()
+  hyperparams: tuple[tuple[str, str, str, str], ...] = ()
 
   def _rows(self) -> list[tuple[str, tuple[str, ...]]]:
     return [
@@ -55,13 +58,21 @@ class SurgeryReport:
   def changed(self) -> bool:
     """Whether anything other than keeping state happened."""
     return bool(
-      self.added or self.dropped or self.reinitialized or self.renamed or self.optimizer_changed
+      self.added
+      or self.dropped
+      or self.reinitialized
+      or self.renamed
+      or self.optimizer_changed
+      or self.hyperparams
     )
 
   def _notes(self) -> list[tuple[str, str]]:
     out = []
     if self.optimizer_changed:
       out.append(("optimizer", self.optimizer_changed))
+    for path, was, now, kept in self.hyperparams:
+      which = "the code's" if kept == "code" else "the state's, kept (hyperparams='state')"
+      out.append(("hyperparams", f"{path}: {was} (state) -> {now} (code); now {which}"))
     for where, before, after in self.shifted:
       out.append(
         (
