@@ -88,6 +88,26 @@ def wide(n_leaves: int) -> None:
   )
 
 
+def reconcile_ratio(n_leaves: int = 2000) -> None:
+  """``reconcile`` of an unchanged state against ``tx.init``, at ``n_leaves`` parameters: the
+  work a resume does when nothing changed (goal <= 2x)."""
+  params = {f"layer{i}": {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)} for i in range(n_leaves // 2)}
+  for name, inner in (
+    ("adamw", optax.adamw(1e-3)),
+    ("chain(clip, adamw)", optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))),
+  ):
+    tx = prj.keyed(inner)
+    state = tx.init(params)
+    t_init = best(lambda tx=tx: jax.block_until_ready(tx.init(params)))
+    t_rec = best(
+      lambda tx=tx, state=state: jax.block_until_ready(prj.reconcile(tx, state, params)[0])
+    )
+    print(
+      f"reconcile, nothing changed, {n_leaves} leaves, {name}: {t_rec:.3f} s vs tx.init "
+      f"{t_init:.3f} s, ratio {t_rec / t_init:.2f} (goal <= 2)"
+    )
+
+
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--leaves", type=int, default=500)
@@ -95,6 +115,7 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--wide", type=int, default=10_000)
   args = ap.parse_args()
+  reconcile_ratio()
   wide(args.wide)
   params = make_params(args.leaves, args.params)
   n = sum(x.size for x in jax.tree.leaves(params))
