@@ -1,5 +1,6 @@
 """reconcile(): model surgery keeps surviving state bit-exact and reports every key."""
 
+import functools
 import json
 import re
 import subprocess
@@ -443,3 +444,37 @@ def test_reconcile_of_an_unchanged_state_traces_no_optimizer_update():
   filled = monitored.update(jax.tree.map(jnp.ones_like, params), monitored.init(params), params)[1]
   _, report = prj.reconcile(monitored, filled, params)  # a later form: traced, then matched
   assert not report.changed
+
+
+def test_moving_to_a_mesh_on_more_devices_brings_counts_and_hyperparams_along(devices):
+  """Moments follow the new parameters' shardings; counts, hyperparameters and MultiSteps
+  counters (replicated on the old 4 devices, as an orbax restore leaves them) used to stay
+  there, and the jitted step failed with "Received incompatible devices"."""
+  from jax.sharding import Mesh
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  four, eight = Mesh(np.array(devices[:4]), ("x",)), Mesh(np.array(devices), ("x",))
+  tx = prj.keyed(
+    optax.MultiSteps(optax.inject_hyperparams(optax.adam)(learning_rate=0.1), every_k_schedule=2)
+  )
+  old_params = {"w": jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(four, P("x")))}
+  old = jax.tree.map(
+    lambda x: jax.device_put(x, NamedSharding(four, P())) if x.ndim == 0 else x,
+    jax.jit(tx.init)(old_params),
+  )
+  before = jax.tree.map(np.asarray, old)
+  params = {"w": jax.device_put(np.asarray(old_params["w"]), NamedSharding(eight, P("x")))}
+  state, report = prj.reconcile(tx, old, params)
+  assert not report.changed
+  for leaf in jax.tree.leaves(state):
+    assert leaf.sharding.device_set == set(devices)
+  jax.tree.map(np.testing.assert_array_equal, state, before)  # bit for bit
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(p, s):
+    u, s = tx.update(jax.tree.map(jnp.ones_like, p), s, p)
+    return optax.apply_updates(p, u), s
+
+  new_params, _ = step(params, state)
+  assert new_params["w"].sharding.is_equivalent_to(NamedSharding(eight, P("x")), 2)

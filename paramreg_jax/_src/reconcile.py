@@ -409,6 +409,7 @@ def _shown(changed: list[tuple[Path, Any, Any]]) -> list[tuple[str, str, str]]:
 def _assemble(layout: _Layout, old: _OldState, diff: _Diff, fresh: dict[Path, Any]) -> Any:
   """The new state: kept leaves bit-exact (on their parameter's placement), the rest fresh."""
   placement = _param_shardings(old.params, layout.index)
+  home = _replicated_home(placement)
   leaves = []
   for comps, _ in layout.leaves:
     if comps in diff.needs_init:
@@ -422,9 +423,25 @@ def _assemble(layout: _Layout, old: _OldState, diff: _Diff, fresh: dict[Path, An
     if param is not None and param[0] == kept.shape:
       if not kept.sharding.is_equivalent_to(param[1], kept.ndim):
         kept = devices_lib.settle(jax.device_put(kept, param[1]))  # one reshard in flight
+    elif home is not None and kept.sharding.device_set != home.device_set:
+      # counts, hyperparameters, accumulators: onto the parameters' devices, replicated
+      kept = devices_lib.settle(jax.device_put(kept, home))
     leaves.append(kept)
   structure: Any = jax.tree_util.tree_structure(layout.abstract)  # (PyTreeDef is untyped)
   return structure.unflatten(leaves)
+
+
+def _replicated_home(placement: dict[str, tuple[Any, Any]]) -> Any:
+  """A replicated sharding over the devices the parameters live on (their mesh when they have
+  one), or None when they are not placed or live on different device sets."""
+  shardings = [sharding for _, sharding in placement.values()]
+  if not shardings or len({frozenset(s.device_set) for s in shardings}) != 1:
+    return None
+  mesh = next((s.mesh for s in shardings if isinstance(s, jax.sharding.NamedSharding)), None)
+  if mesh is None:
+    devices = sorted(shardings[0].device_set, key=lambda d: d.id)
+    mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tuple[Any, Any]]:
