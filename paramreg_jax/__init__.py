@@ -49,6 +49,7 @@ from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
 from paramreg_jax._src.registry import assign_keys
+from paramreg_jax._src.resize import layer_map
 from paramreg_jax._src.restore import MaterializedUnit
 from paramreg_jax._src.restore import bind
 from paramreg_jax._src.restore import materialize
@@ -117,6 +118,7 @@ __all__ = (
   "export",
   "keyed",
   "label_by_pattern",
+  "layer_map",
   "mask_by_pattern",
   "match",
   "materialize",

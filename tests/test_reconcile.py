@@ -478,3 +478,47 @@ def test_moving_to_a_mesh_on_more_devices_brings_counts_and_hyperparams_along(de
 
   new_params, _ = step(params, state)
   assert new_params["w"].sharding.is_equivalent_to(NamedSharding(eight, P("x")), 2)
+
+
+def test_a_grown_vocabulary_keeps_the_old_rows_moments_and_the_new_rows_are_fresh():
+  tx = prj.keyed(optax.adam(1e-3))
+  old_params = {"embed": jnp.arange(12.0).reshape(4, 3), "w": jnp.ones(2)}
+  old = tx.update(jax.tree.map(jnp.ones_like, old_params), tx.init(old_params), old_params)[1]
+  before = jax.tree.map(np.asarray, old)
+  grown = {"embed": jnp.ones((6, 3)), "w": jnp.ones(2)}  # two new tokens
+  with pytest.raises(prj.ReconcileError, match="on_shape_mismatch='overlap' to keep the state"):
+    prj.reconcile(tx, old, grown)
+  state, report = prj.reconcile(tx, old, grown, on_shape_mismatch="overlap")
+  fresh = tx.init(grown)
+  mu = np.asarray(state[0].mu["embed"])
+  np.testing.assert_array_equal(mu[:4], before[0].mu["embed"])  # the old rows, bit for bit
+  np.testing.assert_array_equal(mu[4:], np.asarray(fresh[0].mu["embed"])[4:])  # as tx.init
+  np.testing.assert_array_equal(state[0].nu["w"], before[0].nu["w"])
+  assert report.resized == (("n:embed", "(4, 3) -> (6, 3): kept [0:4, 0:3], fresh elsewhere"),)
+  assert report.kept == ("n:w",) and report.reinitialized == ()
+  assert "resized:" in str(report) and report.changed
+  shrunk, report = prj.reconcile(
+    tx, old, {"embed": jnp.ones((2, 3)), "w": jnp.ones(2)}, on_shape_mismatch="overlap"
+  )
+  np.testing.assert_array_equal(shrunk[0].mu["embed"], before[0].mu["embed"][:2])
+
+
+def test_depth_changes_keep_the_layers_a_user_maps():
+  tx = prj.keyed(optax.adam(1e-3))
+  old_params = {"layers": jnp.ones((3, 2))}
+  old = tx.init(old_params)
+  mu = jnp.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+  old = (old[0]._replace(mu={"layers": mu}), old[1])
+  deeper = {"layers": jnp.ones((5, 2))}
+  state, report = prj.reconcile(
+    tx, old, deeper, on_shape_mismatch=prj.layer_map([0, 1, 1, 2, None])
+  )
+  got = np.asarray(state[0].mu["layers"])[:, 0].tolist()
+  assert got == [1.0, 2.0, 2.0, 3.0, 0.0]  # duplicated layer 1, a fresh layer at the end
+  assert report.resized == (("n:layers", "(3, 2) -> (5, 2): by the on_shape_mismatch callable"),)
+  with pytest.raises(prj.ReconcileError, match=r"n:layers: layer_map takes old layers \[7\]"):
+    prj.reconcile(tx, old, deeper, on_shape_mismatch=prj.layer_map([0, 1, 7, 2, None]))
+  with pytest.raises(
+    prj.ReconcileError, match=r"gave a \(2,\) float32 leaf, the new state needs \(5, 2\)"
+  ):
+    prj.reconcile(tx, old, deeper, on_shape_mismatch=lambda key, o, f: jnp.ones(2))

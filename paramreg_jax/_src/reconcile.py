@@ -26,6 +26,7 @@ from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
+from paramreg_jax._src import resize as resize_lib
 from paramreg_jax._src.surgery import SurgeryReport
 
 Path = keyed_lib.Path
@@ -51,7 +52,7 @@ def reconcile(
   *,
   on_missing: Literal["init", "error"] = "init",
   on_unexpected: Literal["drop", "error"] = "drop",
-  on_shape_mismatch: Literal["error", "init"] = "error",
+  on_shape_mismatch: Literal["error", "init", "overlap"] | resize_lib.Resize = "error",
   rename: Mapping[str, str] | Callable[[str], str] | None = None,
   hyperparams: Literal["code", "state"] = "code",
 ) -> tuple[Any, SurgeryReport]:
@@ -67,8 +68,12 @@ def reconcile(
     params: the new parameter tree.
     on_missing: ``"init"`` gives new parameters fresh state; ``"error"`` refuses.
     on_unexpected: ``"drop"`` discards state of vanished keys; ``"error"`` refuses.
-    on_shape_mismatch: ``"error"`` (default) refuses a shape/dtype change and names every
-      offending key; ``"init"`` re-initialises it.
+    on_shape_mismatch: a parameter whose shape or dtype changed: ``"error"`` (default)
+      refuses and names every such key; ``"init"`` re-initialises its state; ``"overlap"``
+      keeps the state of the rows, columns and layers both shapes have and initialises the
+      rest as ``tx.init`` does (a vocabulary or an MLP that grew or shrank); or a callable
+      ``(key, old_leaf, fresh_leaf) -> leaf`` (:func:`layer_map` for deeper or shallower
+      stacked layers). The report's ``resized`` says what was kept per key.
     rename: old key -> new key (a mapping, or a function returning the key unchanged when it
       does not apply), for renamed modules and reordered lists; the state follows its weight.
     hyperparams: a numeric hyperparameter of ``optax.inject_hyperparams`` whose value in the
@@ -97,7 +102,8 @@ def reconcile(
   inner, by = keyed_lib.keyed_info(tx) or (keyed_lib.as_transformation(tx, "reconcile"), "name")
   _check_option("on_missing", on_missing, ("init", "error"))
   _check_option("on_unexpected", on_unexpected, ("drop", "error"))
-  _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init"))
+  if not callable(on_shape_mismatch):
+    _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init", "overlap"))
   _check_option("hyperparams", hyperparams, ("code", "state"))
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
@@ -108,11 +114,16 @@ def reconcile(
   diff = _compare(layout, old)
   _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
   fresh = _fresh(inner, params, layout, diff)
+  resized = _resize(layout, old, diff, fresh, on_shape_mismatch)
   changed = _hyperparams_changed(layout, old, fresh)
   if hyperparams == "code":
     diff.needs_init |= {comps for comps, _, _ in changed}
+  report = diff.report(old)
+  keys = {key for key, _ in resized.values()}
   report = dataclasses.replace(
-    diff.report(old),
+    report,
+    reinitialized=tuple(k for k in report.reinitialized if k not in keys),
+    resized=tuple(sorted({(key, how) for (key, how) in resized.values()})),
     hyperparams=tuple((name, old_v, new_v, hyperparams) for name, old_v, new_v in _shown(changed)),
   )
   return _assemble(layout, old, diff, fresh), report
@@ -340,7 +351,7 @@ def _shifted(
   )
 
 
-def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch: str) -> None:
+def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch: Any) -> None:
   """Raises one ``ReconcileError`` listing every refused difference (nothing is changed)."""
   problems = list(diff.optimizer_problems)
   if problems:
@@ -357,10 +368,12 @@ def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch:
     )
   if on_unexpected == "error" and diff.optimizer_changed:
     problems.append(f"{diff.optimizer_changed} (on_unexpected='error')")
-  if on_shape_mismatch == "error" and diff.mismatched:
+  if isinstance(on_shape_mismatch, str) and on_shape_mismatch == "error" and diff.mismatched:
     problems.append(
       f"{len(diff.mismatched)} parameter(s) changed shape or dtype; pass "
-      "on_shape_mismatch='init' to re-initialise their state, or fix the model:"
+      "on_shape_mismatch='overlap' to keep the state of the rows and columns both shapes have "
+      "(a grown vocabulary or MLP), prj.layer_map([...]) for deeper or shallower stacked "
+      "layers, 'init' to re-initialise their state, or fix the model:"
     )
     problems.extend("  " + line for key in sorted(diff.mismatched) for line in diff.mismatched[key])
   if problems:
@@ -368,6 +381,23 @@ def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch:
       "cannot reconcile the optimizer state with the new parameters; nothing was changed:"
       + errors.bullet_list(problems)
     )
+
+
+def _resize(
+  layout: _Layout, old: _OldState, diff: _Diff, fresh: dict[Path, Any], policy: Any
+) -> dict[Path, tuple[str, str]]:
+  """``{state leaf: (key, what was kept)}`` of the resized parameters' leaves, their new
+  values stored in ``fresh`` (the leaves ``tx.init`` gives the rest of them)."""
+  if policy in ("error", "init"):
+    return {}
+  out = {}
+  for comps, slot in layout.slots.items():
+    if slot is None or slot[1] not in diff.mismatched or old.slots.get(slot) is None:
+      continue
+    leaf, how = resize_lib.apply(policy, slot[1], old.slots[slot], fresh[comps])
+    fresh[comps] = leaf
+    out[comps] = (slot[1], how)
+  return out
 
 
 def _hyper_paths(layout: _Layout) -> list[Path]:

@@ -25,6 +25,8 @@ class SurgeryReport:
     shifted: ``(list, old length, new length)`` of each list of parameters (``layers``) that
       changed length without a ``rename`` for it: keys are paths, so every index kept the state
       of whatever sat there before, right if entries were appended or removed at the end.
+    resized: ``(key, what was kept)`` of each parameter whose shape changed and whose state
+      ``on_shape_mismatch="overlap"`` or a callable carried over in part.
     hyperparams: ``(path, state's value, code's value, kept)`` of each ``inject_hyperparams``
       hyperparameter the code now sets differently; ``kept`` is ``"code"`` or ``"state"``.
 
@@ -44,6 +46,7 @@ class SurgeryReport:
   optimizer_changed: str = ""
   shifted: tuple[tuple[str, int, int], ...] = ()
   hyperparams: tuple[tuple[str, str, str, str], ...] = ()
+  resized: tuple[tuple[str, str], ...] = ()
 
   def _rows(self) -> list[tuple[str, tuple[str, ...]]]:
     return [
@@ -64,12 +67,15 @@ class SurgeryReport:
       or self.renamed
       or self.optimizer_changed
       or self.hyperparams
+      or self.resized
     )
 
   def _notes(self) -> list[tuple[str, str]]:
     out = []
     if self.optimizer_changed:
       out.append(("optimizer", self.optimizer_changed))
+    for key, how in self.resized:
+      out.append(("resized", f"{key}: {how}"))
     for path, was, now, kept in self.hyperparams:
       which = "the code's" if kept == "code" else "the state's, kept (hyperparams='state')"
       out.append(("hyperparams", f"{path}: {was} (state) -> {now} (code); now {which}"))
