@@ -174,7 +174,12 @@ def test_change_a_width_is_never_silent():
   assert msg.startswith(
     "cannot reconcile the optimizer state with the new parameters; nothing was changed:"
   )
-  assert "3 parameter(s) changed shape or dtype; pass on_shape_mismatch='init'" in msg
+  assert (
+    "3 parameter(s) changed shape or dtype; pass on_shape_mismatch='overlap' to keep the state "
+    "of the rows and columns both shapes have (a grown vocabulary or MLP), prj.layer_map([...]) "
+    "for deeper or shallower stacked layers, 'init' to re-initialise their state, or fix the "
+    "model:"
+  ) in msg
   assert (
     "n:layers/0/kernel: state 0/mu has (4, 8) float32, the new parameters need (4, 16) float32"
     in msg
