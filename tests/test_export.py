@@ -8,7 +8,6 @@ were when the export is restored again.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -304,7 +303,10 @@ def test_an_interrupted_export_cleans_up(tmp_path, monkeypatch):
 # --- what the rest of the world loads -----------------------------------------------------------
 
 
-def test_the_export_loads_with_safe_open_and_transformers_if_installed(tmp_path):
+def test_the_export_loads_with_safe_open_with_the_tuned_values(tmp_path):
+  """The files as the safetensors package reads them. (transformers loading and generating
+  from an export is checked by ``python tests/make_hf_fixtures.py --check-export``, where torch
+  and transformers are installed; the suite has neither.)"""
   name = "llama"
   path = hf.DATA / name / "model.safetensors"
   src = SafetensorsSource(path)
@@ -318,14 +320,6 @@ def test_the_export_loads_with_safe_open_and_transformers_if_installed(tmp_path)
   assert names == set(load_file(path))
   want = np.asarray(tuned["layers"]["attn"]["q"]["kernel"][0])  # [in, heads, head_dim]
   np.testing.assert_array_equal(q, want.reshape(want.shape[0], -1).T)
-  if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
-    pytest.skip("transformers/torch are not installed (not test dependencies)")
-  import torch
-  import transformers
-
-  model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
-  got = model.state_dict()["model.layers.0.self_attn.q_proj.weight"].to(torch.float32).numpy()
-  np.testing.assert_array_equal(got, q)
 
 
 def test_export_plan_reads_nothing_and_prints_what_goes_where():

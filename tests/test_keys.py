@@ -188,6 +188,38 @@ def test_fast_walk_equals_the_general_path_or_declines(tree):
   assert fast is None or fast == general
 
 
+# Trees the fast walk is meant to take (dicts with string or int keys, lists, tuples, array and
+# scalar leaves), with names that need escaping in most examples: every one must take the fast
+# path and give the general path's names.
+_ESCAPED = st.text(alphabet="ab/~", min_size=1, max_size=3)
+_PLAIN_TREES = st.recursive(
+  st.one_of(st.just(1.0), st.builds(lambda: np.zeros(2)), st.builds(lambda: jnp.zeros(1))),
+  lambda kids: st.one_of(
+    st.dictionaries(_ESCAPED, kids, min_size=1, max_size=3),
+    st.dictionaries(st.integers(0, 20), kids, min_size=1, max_size=3),
+    st.lists(kids, min_size=1, max_size=3),
+    st.lists(kids, min_size=1, max_size=3).map(tuple),
+  ),
+  max_leaves=14,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_ESCAPED, _PLAIN_TREES, min_size=1, max_size=3))
+def test_the_fast_walk_takes_plain_trees_and_escapes_like_the_general_path(tree):
+  leaves = jax.tree_util.tree_leaves(tree)
+  fast = keys_lib.fast_tree_names(tree, leaves)
+  general = keys_lib.paths_to_names([p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]])
+  assert fast is not None, "the fast walk declined a plain tree"
+  assert fast == general
+
+
+def test_the_fast_walk_is_reached_and_escapes():
+  tree = {"a/b": {"c~": [jnp.zeros(1), np.zeros(2)]}, "x": {0: 1.0}}
+  names = keys_lib.fast_tree_names(tree, jax.tree_util.tree_leaves(tree))
+  assert names == ["a~1b/c~0/0", "a~1b/c~0/1", "x/0"]
+
+
 def test_the_fast_walk_names_tracers_inside_jit():
   # jax's tracers are jax.Array instances without subclassing it: the walk must still take them
   tree = {"dense": {"kernel": jnp.zeros((2, 2)), "bias": jnp.zeros(2)}, "scale": [jnp.ones(())]}

@@ -165,7 +165,7 @@ def ours(path):
 @pytest.mark.parametrize("seed", range(6))
 def test_we_agree_with_the_safetensors_package(tmp_path, seed):
   rng = np.random.default_rng(seed)
-  counts = {"agree": 0, "deliberate": 0}
+  counts = {"both read": 0, "both refuse": 0, "deliberate": 0}
   for n in range(60):
     kind = KINDS[n % len(KINDS)] if n < len(KINDS) else KINDS[int(rng.integers(len(KINDS)))]
     tensors = random_tensors(rng)
@@ -186,5 +186,7 @@ def test_we_agree_with_the_safetensors_package(tmp_path, seed):
       for k in ref:
         assert got[k].dtype == ref[k].dtype and got[k].shape == ref[k].shape, (kind, k)
         assert got[k].tobytes() == ref[k].tobytes(), (kind, k)
-    counts["agree"] += 1
-  assert counts["agree"] + counts["deliberate"] == 60
+    counts["both read" if ref is not None else "both refuse"] += 1
+  # the comparison had both outcomes to compare: files both read (bytes equal) and files both
+  # refuse; a reader that refused everything, or read everything, would not get here
+  assert counts["both read"] >= 5 and counts["both refuse"] >= 5, counts
