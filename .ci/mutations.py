@@ -1,0 +1,186 @@
+"""The core promises, proved by mutation: each deliberate defect below must make its tests fail.
+
+For each mutation: copy the repository (package, tests, configuration) into a temporary
+directory, replace one exact piece of code (it must occur exactly once), run the targeted
+tests there, and require them to fail. First, the same tests run on the unmutated copy and must
+pass, so a "failure" is the mutation's doing. Exit status 1 if any mutation survives.
+
+    python .ci/mutations.py            # all of them (about two minutes on 2 cores)
+    python .ci/mutations.py escape     # the ones whose name contains "escape"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+  name: str
+  path: str  # relative to the repository
+  old: str
+  new: str
+  tests: tuple[str, ...]  # pytest arguments: files and a -k expression
+
+
+MUTATIONS = (
+  Mutation(
+    "bind publishes before validating",
+    "paramreg_jax/_src/restore.py",
+    "from None\n  return _bind(leaves, treedef, slots, unit, exclude, backend)\n",
+    "from None\n"
+    "  if isinstance(target, dict):\n"
+    "    for s in slots:\n"
+    "      if s.key in unit and '/' not in s.name:\n"
+    "        target[s.name] = unit[s.key]\n"
+    "  return _bind(leaves, treedef, slots, unit, exclude, backend)\n",
+    ("tests/test_restore.py", "-k", "missing_and_unexpected or changed_topology"),
+  ),
+  Mutation(
+    "an interrupted restore's note dropped",
+    "paramreg_jax/_src/errors.py",
+    '    error.add_note(f"paramreg_jax: interrupted while materializing {key}; nothing was kept")\n',
+    "    pass\n",
+    ("tests/test_restore.py", "-k", "keyboard_interrupt"),
+  ),
+  Mutation(
+    "state_keys empty",
+    "paramreg_jax/_src/state_access.py",
+    "    return frozenset(k for _, _, keys in mirrors(state, index) for k in keys if k is not None)\n",
+    "    return frozenset()\n",
+    ("tests/test_keyed.py", "-k", "lr_only and eager and (adam or sgd)"),
+  ),
+  Mutation(
+    "a key escape removed",
+    "paramreg_jax/_src/keys.py",
+    '  return component.replace("~", "~0").replace("/", "~1")\n',
+    '  return component.replace("~", "~0")\n',
+    ("tests/test_keys.py", "-k", "fast_walk"),
+  ),
+  Mutation(
+    "a lease error type changed",
+    "paramreg_jax/_src/source.py",
+    "    return errors.UnknownTensorError(\n",
+    "    return KeyError(\n",
+    ("tests/test_sources.py", "-k", "unknown_key"),
+  ),
+  Mutation(
+    "a transpose recipe's axes swapped",
+    "paramreg_jax/_src/recipes/compiler.py",
+    "    return lambda fetch: np.transpose(permuted(fetch), node.axes)",
+    "    return lambda fetch: np.transpose(permuted(fetch), tuple(reversed(node.axes)))",
+    ("tests/test_match_architectures.py", "-k", "forward and llama and flax"),
+  ),
+  Mutation(
+    "a shard read from the wrong offset",
+    "paramreg_jax/_src/sources/safetensors.py",
+    "      self.store.pread_into(out, offset + a * row, repr(key))\n",
+    "      self.store.pread_into(out, offset + (a + (a + 1 < shape[0])) * row, repr(key))\n",
+    ("tests/test_safetensors_differential.py", "-k", "agree"),
+  ),
+  Mutation(
+    "a diverged alias written once",
+    "paramreg_jax/_src/export/driver.py",
+    "  problems += _diverged_aliases(plan, by_key, out)\n",
+    "  pass\n",
+    ("tests/test_export_safety.py", "-k", "diverged"),
+  ),
+  Mutation(
+    "match: a decided kernel no longer decides its bias",
+    "paramreg_jax/_src/match/coherence.py",
+    "    if len(fits) == 1:\n      out[name] = (fits[0], sorted(siblings[module])[0])\n",
+    "    pass\n",
+    ("tests/test_match_hints.py", "-k", "short_hint"),
+  ),
+  Mutation(
+    "remote: a 206 naming other bytes accepted",
+    "paramreg_jax/_src/sources/stores.py",
+    "    if (first, last) != (start, min(end, total) - 1):\n",
+    "    if False:\n",
+    ("tests/test_remote_faults.py", "-k", "206"),
+  ),
+  Mutation(
+    "close() closes the descriptor under a read",
+    "paramreg_jax/_src/sources/stores.py",
+    "      if self.fd >= 0 and self._users == 0:\n        _os_close(self.fd)\n",
+    "      if self.fd >= 0:\n        _os_close(self.fd)\n",
+    ("tests/test_remote_faults.py", "-k", "closing"),
+  ),
+  Mutation(
+    "reconcile keeps an old learning rate",
+    "paramreg_jax/_src/reconcile.py",
+    '  if hyperparams == "code":\n',
+    "  if False:\n",
+    ("tests/test_reconcile.py", "-k", "learning_rate"),
+  ),
+)
+
+
+def copy_repository(into: pathlib.Path) -> None:
+  ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_build", ".hypothesis")
+  for part in ("paramreg_jax", "tests"):
+    shutil.copytree(ROOT / part, into / part, ignore=ignore)
+  for part in ("conftest.py", "pyproject.toml"):
+    shutil.copy(ROOT / part, into / part)
+
+
+def run_tests(where: pathlib.Path, args: tuple[str, ...]) -> subprocess.CompletedProcess:
+  command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+  command += ["-o", "addopts=", "-W", "ignore::DeprecationWarning", *args]
+  return subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=600)
+
+
+def check(mutation: Mutation, work: pathlib.Path) -> str | None:
+  """None if the mutation is caught, else why not."""
+  target = work / mutation.path
+  original = target.read_text()
+  if original.count(mutation.old) != 1:
+    return f"the code to mutate is not in {mutation.path} exactly once (update this script)"
+  target.write_text(original.replace(mutation.old, mutation.new))
+  try:
+    result = run_tests(work, mutation.tests)
+  finally:
+    target.write_text(original)
+  if result.returncode == 1:
+    return None
+  if result.returncode == 0:
+    return "SURVIVED: the targeted tests passed with the defect in place"
+  return f"the tests did not run as expected (exit {result.returncode}): {result.stdout[-600:]}"
+
+
+def main(argv: list[str]) -> int:
+  chosen = [m for m in MUTATIONS if not argv or any(a in m.name for a in argv)]
+  t0 = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix="paramreg-mutations-") as tmp:
+    work = pathlib.Path(tmp)
+    copy_repository(work)
+    failures = []
+    for m in chosen:  # first unmutated: each selection runs tests, and they pass
+      base = run_tests(work, m.tests)
+      if base.returncode != 0:
+        failures.append(
+          f"{m.name}: the targeted tests fail without the mutation: {base.stdout[-600:]}"
+        )
+    for m in chosen:
+      why = check(m, work)
+      print(f"{'caught  ' if why is None else 'PROBLEM '} {m.name}" + (f": {why}" if why else ""))
+      if why is not None:
+        failures.append(f"{m.name}: {why}")
+  print(
+    f"{len(chosen) - len(failures)} of {len(chosen)} mutations caught in {time.perf_counter() - t0:.0f} s"
+  )
+  for f in failures:
+    print(f"  - {f}")
+  return 1 if failures else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
