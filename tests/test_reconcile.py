@@ -204,11 +204,13 @@ def test_on_missing_error():
     prj.reconcile(TX, state, params_of((4, 8, 8)), on_missing="error")
 
 
-def test_changed_optimizer_is_refused():
+def test_a_clip_added_keeps_the_state_and_strict_mode_refuses_it():
   state = trained_state(TX, params_of((4, 8)))
   other = prj.keyed(optax.chain(optax.clip(1.0), optax.adam(1e-2)))
-  with pytest.raises(prj.ReconcileError, match="non-parameter state"):
-    prj.reconcile(other, state, params_of((4, 8)))
+  _, report = prj.reconcile(other, state, params_of((4, 8)))
+  assert len(report.kept) == 4 and "under a new wrapping" in report.optimizer_changed
+  with pytest.raises(prj.ReconcileError, match=r"under a new wrapping.*on_unexpected='error'"):
+    prj.reconcile(other, state, params_of((4, 8)), on_unexpected="error")
 
 
 def test_plain_optax_works_and_options_are_checked():
@@ -527,3 +529,105 @@ def test_depth_changes_keep_the_layers_a_user_maps():
     prj.ReconcileError, match=r"gave a \(2,\) float32 leaf, the new state needs \(5, 2\)"
   ):
     prj.reconcile(tx, old, deeper, on_shape_mismatch=lambda key, o, f: jnp.ones(2))
+
+
+# --- the same Adam under a new wrapping keeps its moments and count ------------------------------
+
+
+def adam_state_after_steps(tx, params, steps=2):
+  state = tx.init(params)
+  for i in range(steps):
+    state = tx.update(
+      jax.tree.map(lambda p, i=i: jnp.ones_like(p) * (i + 1), params), state, params
+    )[1]
+  return state
+
+
+def moments(state):
+  """The Adam moments and count of a state, wherever the wrapping put them."""
+  found = {}
+
+  def visit(node):
+    if isinstance(node, optax.ScaleByAdamState):
+      found["count"], found["mu"], found["nu"] = node.count, node.mu, node.nu
+    return node
+
+  jax.tree.map(visit, state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
+  return jax.tree.map(np.asarray, found)
+
+
+WRAPPINGS = {
+  "clip added": (
+    lambda: optax.adam(1e-2),
+    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2)),
+  ),
+  "clip removed": (
+    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2)),
+    lambda: optax.adam(1e-2),
+  ),
+  "MultiSteps added": (
+    lambda: optax.adam(1e-2),
+    lambda: optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2),
+  ),
+  "MultiSteps removed": (
+    lambda: optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2),
+    lambda: optax.adam(1e-2),
+  ),
+}
+
+
+@pytest.mark.parametrize("change", sorted(WRAPPINGS))
+def test_the_same_adam_under_a_new_wrapping_keeps_its_moments_and_count(change):
+  before_tx, after_tx = WRAPPINGS[change]
+  params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+  old = adam_state_after_steps(prj.keyed(before_tx()), params)
+  kept = moments(old)
+  state, report = prj.reconcile(prj.keyed(after_tx()), old, params)
+  jax.tree.map(np.testing.assert_array_equal, moments(state), kept)  # bit for bit
+  assert report.kept == ("n:b", "n:w") and not report.added and not report.dropped
+  assert (
+    "the same transformations under a new wrapping, kept by what they are"
+    in report.optimizer_changed
+  )
+  fresh = after_tx().init(params)
+  if change == "MultiSteps added":  # its own counters and accumulators: as tx.init gives them
+    assert int(state.mini_step) == 0 and int(state.gradient_step) == 0
+    np.testing.assert_array_equal(state.acc_grads["w"], fresh.acc_grads["w"])
+    assert "new state, as tx.init gives it: acc_grads, gradient_step, mini_step" in (
+      report.optimizer_changed
+    )
+  with pytest.raises(prj.ReconcileError, match="on_unexpected='error'"):
+    prj.reconcile(prj.keyed(after_tx()), old, params, on_unexpected="error")
+
+
+def test_two_adams_in_one_chain_are_not_matched_by_guess():
+  params = {"w": jnp.ones(3)}
+  old = adam_state_after_steps(prj.keyed(optax.adam(1e-2)), params)
+  two = prj.keyed(optax.chain(optax.adam(1e-2), optax.adam(1e-3)))
+  with pytest.raises(prj.ReconcileError, match="missing from the old state"):
+    prj.reconcile(two, old, params)
+
+
+def test_lora_by_multi_transform_labels_keeps_the_count_and_reports_the_frozen_base():
+  params = {"dense": {"kernel": jnp.ones((4, 4)), "bias": jnp.zeros(4)}}
+  old = adam_state_after_steps(prj.keyed(optax.adam(1e-3)), params)
+  lora = {**params, "lora": {"a": jnp.ones((4, 2)), "b": jnp.zeros((2, 4))}}
+  labels = {"dense": {"kernel": "frozen", "bias": "frozen"}, "lora": {"a": "train", "b": "train"}}
+  tx = prj.keyed(
+    optax.multi_transform({"train": optax.adam(1e-3), "frozen": optax.set_to_zero()}, labels)
+  )
+  state, report = prj.reconcile(tx, old, lora)
+  assert report.added == ("n:lora/a", "n:lora/b")
+  assert report.dropped == ("n:dense/bias", "n:dense/kernel")  # frozen: no optimizer state now
+  assert int(state.inner_states["train"].inner_state[0].count) == int(moments(old)["count"])
+  assert "0/count -> inner_states/train/inner_state/0/count" in report.optimizer_changed
+
+
+def test_a_state_nothing_can_be_matched_to_is_refused_with_the_way_past_it():
+  params = {"w": jnp.ones(3)}
+  with pytest.raises(prj.ReconcileError) as info:
+    prj.reconcile(prj.keyed(optax.adam(1e-2)), {"step": jnp.array(3)}, params)
+  text = str(info.value)
+  assert "its parts cannot be matched by what they are" in text
+  assert "Reconcile with the optimizer that built it" in text and "tx.init(params)" in text
+  assert "pass the optax state itself" not in text  # the user did; the old advice misled

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from paramreg_jax._src import align
 from paramreg_jax._src import api_types
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
@@ -113,6 +114,8 @@ def reconcile(
   old = dataclasses.replace(old, params=params)
   layout = matching_form(layout, old)
   diff = _compare(layout, old)
+  if diff.optimizer_problems and by == "name":  # the same state under a new wrapping?
+    layout, old, diff = _realign(state, layout, rename, params) or (layout, old, diff)
   _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
   fresh = _fresh(inner, params, layout, diff)
   resized = _resize(layout, old, diff, fresh, on_shape_mismatch)
@@ -157,7 +160,28 @@ class _Diff:
     )
 
 
-def _compare(layout: Layout, old: OldState) -> _Diff:
+def _realign(
+  state: Any, layout: Layout, rename: Any, params: Any
+) -> tuple[Layout, OldState, _Diff] | None:
+  """The old state read by what its leaves are (``align``), when that fits the new optimizer:
+  its moments and counts kept, the new optimizer's other state fresh, and said so."""
+  found = align.translate(keyed_lib.state_leaves(keyed_lib.optimizer_state(state)), layout)
+  if found is None:
+    return None
+  leaves, moves = found
+  old = read_old_state(None, layout, rename, "name", leaves=leaves)
+  old = dataclasses.replace(old, params=params)
+  form = matching_form(layout, old)
+  diff = _compare(form, old, new_state_ok=True)
+  if diff.optimizer_problems:
+    return None
+  fresh = {form.slots[c][0] if form.slots[c] is not None else c for c in diff.needs_init}  # type: ignore[index]
+  note = align.describe(moves, sorted(fresh))
+  diff.optimizer_changed = note + (f"; {diff.optimizer_changed}" if diff.optimizer_changed else "")
+  return form, old, diff
+
+
+def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff:
   old_keys, new_keys = old.keys, layout.keys
   had_state = old_keys | set(old.elsewhere)
   problems: list[str] = []
@@ -172,7 +196,7 @@ def _compare(layout: Layout, old: OldState) -> _Diff:
       have = old.slots.get(slot)
       if have is None:
         needs_init.add(comps)
-        if key in had_state:
+        if key in had_state and not new_state_ok:  # else: a wrapper's own (MultiSteps' acc_grads)
           moved.add(key)
       elif spec(have) != want:
         mismatched.setdefault(key, []).append(
@@ -181,7 +205,9 @@ def _compare(layout: Layout, old: OldState) -> _Diff:
         )
       continue
     have = old.plain.get(comps)
-    if have is None:
+    if have is None and new_state_ok:  # a wrapper's own state (MultiSteps' counters): fresh
+      needs_init.add(comps)
+    elif have is None:
       problems.append(f"{'/'.join(comps)}: missing from the old state (the optimizer changed?)")
     elif spec(have) != want:
       problems.append(
@@ -190,9 +216,12 @@ def _compare(layout: Layout, old: OldState) -> _Diff:
   if problems and not had_state & new_keys and old.plain.keys().isdisjoint(layout.slots):
     seen = sorted("/".join(c) for c in old.plain)[:3]
     problems.append(
-      f"no entry of the old state is where the optimizer keeps one (it has {', '.join(seen)}, "
-      f"...; the optimizer builds {', '.join('/'.join(c) for c, _ in layout.leaves[:3])}, ...): "
-      "pass the optax state itself, built by this optimizer"
+      f"no entry of the old state is where this optimizer keeps one (it has {', '.join(seen)}, "
+      f"...; this optimizer builds {', '.join('/'.join(c) for c, _ in layout.leaves[:3])}, ...), "
+      "and its parts cannot be matched by what they are (nothing alike, or two alike, such as "
+      "two Adams in one chain): the state was built by another optimizer (or is not an optax "
+      "state). Reconcile with the optimizer that built it and change the optimizer afterwards, "
+      "or start fresh with tx.init(params)"
     )
   # a re-initialised key gets fresh state in every leaf it owns
   needs_init |= {

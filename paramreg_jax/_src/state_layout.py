@@ -126,12 +126,14 @@ def read_old_state(
   layout: Layout,
   rename: Mapping[str, str] | Callable[[str], str] | None,
   by: Literal["name", "position"],
+  leaves: list[tuple[Path, Any]] | None = None,
 ) -> OldState:
   """The old state's leaves by (mirror prefix, key) with ``rename`` applied, the other leaves
-  by path, and what the new optimizer will not keep."""
+  by path, and what the new optimizer will not keep. ``leaves``: the state's leaves already
+  moved (a state found under a new wrapping)."""
   raw: dict[Slot, Any] = {}
   plain: dict[Path, Any] = {}
-  for comps, leaf in keyed_lib.state_leaves(state):
+  for comps, leaf in keyed_lib.state_leaves(state) if leaves is None else leaves:
     slot = keyed_lib.slot_key(comps, layout.prefixes)
     if slot is None:
       plain[comps] = leaf
