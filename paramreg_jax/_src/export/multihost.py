@@ -34,6 +34,7 @@ from paramreg_jax._src.export.plan import TensorPlan
 from paramreg_jax._src.export.staging import Staging
 from paramreg_jax._src.export.tensors import Fetch
 from paramreg_jax._src.export.tensors import fetch_region as _fetch
+from paramreg_jax._src.export.tensors import index_box
 from paramreg_jax._src.export.tensors import write_tensor
 
 _NAME_BYTES = 4096
@@ -198,10 +199,7 @@ def _gather(leaf: jax.Array, index: tuple[Any, ...], block: int, keep: bool) -> 
   """``leaf[index]`` assembled on the owner (``keep``), in blocks of at most ``block`` bytes
   along the region's first axis of more than one element: each process contributes what its
   own shards hold of a block, the others' parts arrive through one exchange per block."""
-  box = [
-    (i, i + 1) if isinstance(i, int) else (i.indices(n)[0], i.indices(n)[1])
-    for i, n in zip(index, leaf.shape)
-  ]
+  box = index_box(index, tuple(leaf.shape))
   sizes = [hi - lo for lo, hi in box]
   out = np.empty(sizes, leaf.dtype) if keep else None
   axis = next((a for a, n in enumerate(sizes) if n > 1), 0)
@@ -234,7 +232,7 @@ def _holdings(leaf: jax.Array) -> dict[int, list[list[tuple[int, int]]]]:
   out: dict[int, list[list[tuple[int, int]]]] = {}
   mapping: Any = leaf.sharding.devices_indices_map(tuple(leaf.shape))
   for device, where in mapping.items():
-    region = [(s.start or 0, n if s.stop is None else s.stop) for s, n in zip(where, leaf.shape)]
+    region = index_box(where, tuple(leaf.shape))
     out.setdefault(device.process_index, []).append(region)
   return out
 
@@ -257,15 +255,12 @@ def _identity(x: jax.Array, sharding: Any) -> jax.Array:
 
 def _held_by(leaf: jax.Array, index: tuple[Any, ...], process: int) -> bool:
   """Whether one device of ``process`` holds the whole region ``index`` of ``leaf``."""
-  box = [
-    (i, i + 1) if isinstance(i, int) else (i.start or 0, n if i.stop is None else i.stop)
-    for i, n in zip(index, leaf.shape)
-  ]
+  box = index_box(index, tuple(leaf.shape))
   mapping: Any = leaf.sharding.devices_indices_map(tuple(leaf.shape))
   for device, where in mapping.items():
     if device.process_index != process:
       continue
-    have = [(s.start or 0, n if s.stop is None else s.stop) for s, n in zip(where, leaf.shape)]
+    have = index_box(where, tuple(leaf.shape))
     if all(h[0] <= b[0] and b[1] <= h[1] for h, b in zip(have, box)):
       return True
   return False

@@ -19,22 +19,26 @@ from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.export.plan import TensorPlan
 
 
+def index_box(index: tuple[Any, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
+  """``[(start, stop)]`` per axis of an index of ints and slices (steps of 1), or of a shard's
+  index (slices with ``None`` ends)."""
+  return [
+    (i, i + 1) if isinstance(i, int) else (i.start or 0, n if i.stop is None else i.stop)
+    for i, n in zip(index, shape)
+  ]
+
+
 def fetch_region(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
   """``leaf[index]`` on the host, copying only the shards the index touches. Indexing happens
   in numpy (a CPU device's buffer is viewed, not copied): indexing the ``jax.Array`` would
   compile an XLA program per distinct slice."""
   if not isinstance(leaf, jax.Array) or len(leaf.sharding.device_set) == 1:
     return np.asarray(leaf)[index]
-  box = [
-    (i, i + 1) if isinstance(i, int) else (i.start or 0, n if i.stop is None else i.stop)
-    for i, n in zip(index, leaf.shape)
-  ]
+  box = index_box(index, tuple(leaf.shape))
   out = np.empty([hi - lo for lo, hi in box], leaf.dtype)
   seen = set()
   for shard in leaf.addressable_shards:
-    where = tuple(
-      (s.start or 0, n if s.stop is None else s.stop) for s, n in zip(shard.index, leaf.shape)
-    )
+    where = tuple(index_box(shard.index, tuple(leaf.shape)))
     if where in seen:
       continue
     seen.add(where)

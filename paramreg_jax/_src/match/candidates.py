@@ -366,3 +366,13 @@ def _rekey(recipe: ops.Recipe, old: str, new: str) -> ops.Recipe:
       value = tuple(_rekey(v, old, new) for v in value)
     fields[f.name] = value
   return type(recipe)(**fields)
+
+
+def distinct(cands: list[Candidate]) -> list[Candidate]:
+  """The candidates with duplicates (same tensors, same layout) removed, order kept."""
+  seen, out = set(), []
+  for c in cands:
+    if (c.keys, c.reason) not in seen:
+      seen.add((c.keys, c.reason))
+      out.append(c)
+  return out

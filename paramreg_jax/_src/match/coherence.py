@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 
 from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.candidates import distinct
 
 # The last component of a leaf that only says its kind: its module is its parent.
 KIND_WORDS = frozenset(
@@ -91,7 +92,7 @@ def settle_by_module(
     if len(wanted) != 1:
       continue  # the siblings disagree: reported by module_conflicts
     (want,) = wanted
-    fits = _distinct([c for c in cands if modules(c.keys) == want])
+    fits = distinct([c for c in cands if modules(c.keys) == want])
     if len(fits) == 1:
       out[name] = (fits[0], sorted(siblings[module])[0])
   return out
@@ -131,7 +132,7 @@ def settle_by_layer(
     if choice is None or len(choice[0]) != 1:
       continue
     (want,) = choice[0]
-    fits = _distinct([c for c in cands if _key_template(c.keys) == want])
+    fits = distinct([c for c in cands if _key_template(c.keys) == want])
     if len(fits) == 1:
       out[name] = (fits[0], choice[1])
   return out
@@ -181,15 +182,6 @@ def _layer_choices(
       t = template(name)
       choices, first = out.get(t, (set(), name))
       out[t] = (choices | {_key_template(keys)}, first)
-  return out
-
-
-def _distinct(cands: list[Candidate]) -> list[Candidate]:
-  seen, out = set(), []
-  for c in cands:
-    if (c.keys, c.reason) not in seen:
-      seen.add((c.keys, c.reason))
-      out.append(c)
   return out
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
@@ -181,16 +182,6 @@ def _publish(
     else:
       proposals[name] = Proposal(name, cand.build(), cand.reason, cand.keys)
   return problems
-
-
-def distinct(cands: list[Candidate]) -> list[Candidate]:
-  """The candidates with duplicates (same tensors, same layout) removed, order kept."""
-  seen, out = set(), []
-  for c in cands:
-    if (c.keys, c.reason) not in seen:
-      seen.add((c.keys, c.reason))
-      out.append(c)
-  return out
 
 
 _LISTED = 12  # candidates a refusal lists in full
