@@ -292,7 +292,7 @@ def test_convert_overwrite_under_a_file_size_limit_keeps_the_old_checkpoint(tmp_
   script = _CONVERT_UNDER_A_SIZE_LIMIT.format(out=str(final))
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
   assert b"ExportError:" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
-  assert b"the old checkpoint there is untouched" in proc.stdout
+  assert b"the old one there is untouched" in proc.stdout
   assert snapshot(final) == before
   restored = ocp.StandardCheckpointer().restore(final, target)
   np.testing.assert_array_equal(restored["w"], np.ones((8, 8), np.float32))

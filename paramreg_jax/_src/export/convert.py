@@ -20,6 +20,7 @@ from paramreg_jax._src import restore as restore_lib
 from paramreg_jax._src import source as source_lib
 from paramreg_jax._src.export.staging import Staging
 from paramreg_jax._src.export.staging import check_destination
+from paramreg_jax._src.export.staging import published
 
 
 def convert(
@@ -110,18 +111,7 @@ def _save(final: pathlib.Path, params: Any, overwrite: bool) -> None:
   limit, a kill) leaves an old checkpoint at ``final`` as it was."""
   import orbax.checkpoint as ocp  # lazily: orbax is heavy and does work at import
 
-  staging = Staging(final, overwrite=overwrite, create=False)
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      checkpointer.save(staging.dir, params)
-      checkpointer.wait_until_finished()
-    staging.commit()
-  except BaseException as e:
-    staging.abort()
-    if isinstance(e, errors.ParamRegError) or not isinstance(e, Exception):
-      raise
-    raise errors.ExportError(
-      f"{final}: convert failed while saving: {type(e).__name__}: {e}; "
-      + ("the old checkpoint there is untouched" if final.exists() else "nothing was written"),
-      str(final),
-    ) from e
+  staged = Staging(final, overwrite=overwrite, create=False)
+  with published(staged, "convert (saving the checkpoint)"), ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(staged.dir, params)
+    ckpt.wait_until_finished()

@@ -33,6 +33,7 @@ from paramreg_jax._src.export.plan import plan_export
 from paramreg_jax._src.export.staging import Staging
 from paramreg_jax._src.export.staging import check_destination
 from paramreg_jax._src.export.staging import existing_files
+from paramreg_jax._src.export.staging import published
 from paramreg_jax._src.export.tensors import Fetch
 from paramreg_jax._src.export.tensors import fetch_region
 from paramreg_jax._src.export.tensors import same_bits
@@ -139,16 +140,9 @@ def export(
   )
   bar = _progress(progress, exported.nbytes)
   try:
-    _write_shards(staging, exported, leaves, plan.source, max_shard_bytes, block, bar)
-    _write_extras(staging, src=plan.source, companions=exported.companions)
-    staging.commit()
-  except BaseException as e:
-    staging.abort()
-    if isinstance(e, errors.ParamRegError) or not isinstance(e, Exception):
-      raise
-    raise errors.ExportError(
-      f"{final}: export failed: {type(e).__name__}: {e}; nothing was written"
-    ) from e
+    with published(staging, "export"):
+      _write_shards(staging, exported, leaves, plan.source, max_shard_bytes, block, bar)
+      _write_extras(staging, src=plan.source, companions=exported.companions)
   finally:
     if bar is not None:
       bar.close()

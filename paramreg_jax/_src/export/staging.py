@@ -17,6 +17,7 @@ on this host (their pid is in the name) are removed by the next export to the sa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -24,6 +25,7 @@ import pathlib
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 
 from paramreg_jax._src import errors
 
@@ -136,6 +138,24 @@ class Staging:
       if parts[0] == "old" and parked.is_dir() and not self.final.exists():
         os.rename(parked, self.final)
       shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def published(staging: Staging, what: str) -> Iterator[Staging]:
+  """Fill ``staging`` in the block; publish it when the block ends, or remove it on any
+  failure. A failure that is not the library's becomes an ``ExportError`` that names the path
+  and says what is left there (the old directory untouched, or nothing)."""
+  try:
+    yield staging
+    staging.commit()
+  except BaseException as e:
+    staging.abort()
+    if isinstance(e, errors.ParamRegError) or not isinstance(e, Exception):
+      raise
+    left = "the old one there is untouched" if staging.final.exists() else "nothing was written"
+    raise errors.ExportError(
+      f"{staging.final}: {what} failed: {type(e).__name__}: {e}; {left}", str(staging.final)
+    ) from e
 
 
 def existing_files(final: pathlib.Path) -> tuple[str, ...]:
