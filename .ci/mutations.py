@@ -102,7 +102,7 @@ MUTATIONS = (
   ),
   Mutation(
     "remote: a 206 naming other bytes accepted",
-    "paramreg_jax/_src/sources/stores.py",
+    "paramreg_jax/_src/sources/remote.py",
     "    if (first, last) != (start, min(end, total) - 1):\n",
     "    if False:\n",
     ("tests/test_remote_faults.py", "-k", "206"),

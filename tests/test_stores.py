@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import paramreg_jax as prj
+from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import stores
 
 
@@ -64,16 +65,16 @@ def test_concurrent_reads_and_close_never_mix_files(tmp_path):
   ],
 )
 def test_a_remote_folder_refuses_paths_that_leave_it_in_any_spelling(name, outside):
-  folder = stores.RemoteFolder.__new__(stores.RemoteFolder)
+  folder = remote.RemoteFolder.__new__(remote.RemoteFolder)
   assert folder.escapes(name) is outside
 
 
 def test_urls_and_their_arguments():
   assert stores.is_url("https://h/x") and not stores.is_url("file:///x") and not stores.is_url("x")
   url = "https://127.0.0.1:9/m.safetensors"
-  assert stores.check_remote_args(url, None, 0, 1.0, 1.0) is None
+  assert remote.check_remote_args(url, None, 0, 1.0, 1.0) is None
   for bad in ((url, None, -1, 1.0, 1.0), (url, None, 1, 0, 1.0), (url, 5, 1, 1.0, 1.0)):
     with pytest.raises(prj.StoreError):
-      stores.check_remote_args(*bad)
+      remote.check_remote_args(*bad)
   with pytest.raises(prj.StoreError, match="ftp:// is not a protocol read here"):
-    stores.check_remote_args("ftp://h/x", None, 1, 1.0, 1.0)
+    remote.check_remote_args("ftp://h/x", None, 1, 1.0, 1.0)

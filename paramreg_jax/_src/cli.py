@@ -34,6 +34,7 @@ def _ensure_virtual_devices(count: int = 8) -> None:
 
 def open_source(path: str, *, step: int | None = None, item: str | None = None) -> Any:
   """A source for ``path``: safetensors (file, directory, index) or orbax (anything else)."""
+  from paramreg_jax._src.sources import remote
   from paramreg_jax._src.sources import stores
   from paramreg_jax._src.sources.orbax import OrbaxSource
   from paramreg_jax._src.sources.safetensors import SafetensorsSource
@@ -42,7 +43,7 @@ def open_source(path: str, *, step: int | None = None, item: str | None = None) 
     orbax_store = path.split("://", 1)[0] in ("gs", "s3") and not path.endswith(
       (".safetensors", ".json")
     )
-    if orbax_store and not stores.RemoteFolder(path, options=None, retries=3, timeout=30.0).exists(
+    if orbax_store and not remote.RemoteFolder(path, options=None, retries=3, timeout=30.0).exists(
       "model.safetensors.index.json"
     ):
       return OrbaxSource(path, step=step, item=item)

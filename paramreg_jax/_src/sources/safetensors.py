@@ -28,6 +28,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import stores
 
 DTYPES: dict[str, np.dtype] = {
@@ -101,7 +102,7 @@ def _text_problem(header: dict[str, Any]) -> str | None:
 class _File:
   """One parsed safetensors file: ``{key: (metadata, absolute byte offset)}``."""
 
-  def __init__(self, store: stores.LocalFile | stores.RemoteFile):
+  def __init__(self, store: stores.LocalFile | remote.RemoteFile):
     # A local file stays open from validation to the last read: a newer save renamed over the
     # path (what a training loop saving "latest" does) cannot put other bytes under these offsets.
     self.store = store
@@ -316,13 +317,13 @@ class SafetensorsSource(source_lib.BaseSource):
     storage_options: dict[str, Any] | None = None,
     retries: int = 3,
     timeout: float = 30.0,
-    min_throughput: float = stores.MIN_THROUGHPUT,
+    min_throughput: float = remote.MIN_THROUGHPUT,
   ):
     super().__init__()
     self._where: dict[str, _File] = {}
     if stores.is_url(path):
       self.path: Any = str(path)
-      stores.check_remote_args(self.path, storage_options, retries, timeout, min_throughput)
+      remote.check_remote_args(self.path, storage_options, retries, timeout, min_throughput)
       self._open_remote(str(path), storage_options, retries, timeout, min_throughput)
     else:
       self.path = pathlib.Path(path)
@@ -357,7 +358,7 @@ class SafetensorsSource(source_lib.BaseSource):
       root, name = url.rsplit("/", 1)
     else:
       root, name = url.rstrip("/"), ""
-    self._folder = stores.RemoteFolder(
+    self._folder = remote.RemoteFolder(
       root, options=options, retries=retries, timeout=timeout, min_throughput=min_throughput
     )
     if not name:
@@ -471,7 +472,7 @@ class SafetensorsSource(source_lib.BaseSource):
   @property
   def remote(self) -> bool:  # type: ignore[override]
     """Whether the checkpoint is read from a URL."""
-    return isinstance(self._folder, stores.RemoteFolder)
+    return isinstance(self._folder, remote.RemoteFolder)
 
   def read_stacked(self, keys: Any, out: np.ndarray | None = None) -> np.ndarray:
     """The whole tensors ``keys`` stacked along a new first axis: each run of them that the file
@@ -521,7 +522,7 @@ class SafetensorsSource(source_lib.BaseSource):
   def start_reads(self, requests: Any) -> Any:
     """Local files read when finished (positional reads are synchronous); at a URL every read
     of the window is in flight at once (the window's budget bounds them)."""
-    if not isinstance(self._folder, stores.RemoteFolder):
+    if not isinstance(self._folder, remote.RemoteFolder):
       return super().start_reads(requests)
     pool = self._pool()
     futures = [pool.submit(self.read_region, key, region) for key, region in requests]

@@ -1,0 +1,432 @@
+"""Byte stores under a safetensors file at a URL, read by range requests (``stores.py`` has
+the local ones; both answer ``size`` and ``pread_into(array, offset, what)``).
+
+``RemoteFile`` reads a URL through fsspec (HTTP(S) with aiohttp; ``gs://``, ``s3://``, ``hf://``
+with their fsspec packages), one range request per read, never the whole object:
+
+- an HTTP server that ignores ``Range`` (status 200 with the whole body) is detected from the
+  first response's headers and refused before its body is read;
+- transient failures (a connection dropped mid-body, a timeout, HTTP 5xx or 429) are retried
+  with exponential backoff (``retries`` times); permanent ones (404, 403, a short object) are an
+  error naming the URL at once;
+- every request has a timeout (``timeout`` seconds to connect and between received bytes) and
+  a deadline (``timeout`` plus its bytes at ``min_throughput``);
+- the object is pinned when it is opened (size, ETag or Last-Modified, ``If-Match``), and a
+  ``206`` must name exactly the bytes asked for: a changed object is an error, never its bytes.
+
+``RemoteFolder`` is the URL prefix the files live under: its documents (index, config,
+tokenizer) are read whole, capped while they stream, with the same retries; an index entry
+that leaves it, in any spelling, is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+import time
+import urllib.parse
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+
+
+class RangeNotSupported(Exception):
+  pass
+
+
+class _Changed(Exception):
+  """The object at the URL is not the one that was opened."""
+
+
+class _Transient(Exception):
+  pass
+
+
+# Protocols whose objects are read by range requests here (fsspec's names).
+PROTOCOLS = ("http", "https", "gs", "gcs", "s3", "s3a", "hf", "az", "abfs")
+
+
+def check_remote_args(
+  url: str, options: Any, retries: Any, timeout: Any, min_throughput: Any
+) -> dict[str, Any] | None:
+  """The arguments of a URL source, checked before any request; a ``StoreError`` names the
+  argument, what it got and what it takes."""
+  protocol = url.split("://", 1)[0].lower()
+  if protocol not in PROTOCOLS:
+    raise errors.StoreError(
+      f"{url}: {protocol}:// is not a protocol read here; use one of "
+      f"{', '.join(p + '://' for p in PROTOCOLS)}, or a local path"
+    )
+  if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    raise errors.StoreError(f"{url}: retries must be an int >= 0, got {retries!r}")
+  for name, value in (("timeout", timeout), ("min_throughput", min_throughput)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      raise errors.StoreError(f"{url}: {name} must be a positive number, got {value!r}")
+  if options is not None and not isinstance(options, dict):
+    raise errors.StoreError(
+      f"{url}: storage_options must be a dict of the filesystem's options, got "
+      f"{type(options).__name__}"
+    )
+  for key in ("client_kwargs", "headers"):
+    if options and key in options and not isinstance(options[key], dict):
+      raise errors.StoreError(
+        f"{url}: storage_options[{key!r}] must be a dict, got {type(options[key]).__name__}"
+      )
+  return options
+
+
+def filesystem(url: str, options: dict[str, Any] | None, timeout: float) -> tuple[Any, str]:
+  """``(fsspec filesystem, path)`` for ``url``; a clear error when fsspec (or the protocol's
+  package) is missing."""
+  try:
+    import fsspec
+  except ImportError:
+    raise errors.SourceIOError(
+      f"{url}: reading URLs needs fsspec: pip install 'paramreg-jax[remote]'"
+    ) from None
+  protocol = url.split("://", 1)[0]
+  kwargs = dict(options or {})
+  if protocol in ("http", "https"):
+    try:
+      import aiohttp
+    except ImportError:
+      raise errors.SourceIOError(
+        f"{url}: reading HTTP URLs needs aiohttp: pip install 'paramreg-jax[remote]'"
+      ) from None
+    client = dict(kwargs.pop("client_kwargs", {}))
+    client.setdefault(
+      "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    )
+    kwargs["client_kwargs"] = client
+  try:
+    fs = fsspec.filesystem(protocol, **kwargs)
+  except Exception as e:
+    raise errors.SourceIOError(
+      f"{url}: no filesystem for {protocol}:// ({e}); install its fsspec package (gcsfs for "
+      "gs://, s3fs for s3://, huggingface_hub for hf://)"
+    ) from None
+  return fs, url
+
+
+# what the request that opens a remote object asks for: its first 64 KiB hold the 8-byte length
+# and the JSON header of most checkpoints (a 7B model's shard: about 30 KB), so opening is one
+# request instead of three
+HEAD_BYTES = 64 << 10
+# every request's deadline: ``timeout`` plus its bytes at this throughput (a server that
+# trickles is an error, not a read that takes hours); ``min_throughput=`` overrides it
+MIN_THROUGHPUT = 1 << 20  # bytes per second
+# the largest index or config document read (streamed; refused past it)
+DOCUMENT_CAP = 64 << 20
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+class RemoteFile:
+  """An object at a URL, read by range requests."""
+
+  def __init__(
+    self,
+    url: str,
+    *,
+    options: dict[str, Any] | None,
+    retries: int,
+    timeout: float,
+    min_throughput: float = MIN_THROUGHPUT,
+  ):
+    self.name: Any = url
+    self.retries = retries
+    self.timeout = timeout
+    self.min_throughput = min_throughput
+    self.fs, self.path = filesystem(url, options, timeout)
+    self.http = url.split("://", 1)[0] in ("http", "https")
+    self.closed = False
+    self.etag: str | None = None  # the validators the object had when it was opened
+    self.modified: str | None = None
+    self._size = -1
+    self._head = b""  # the object's first bytes, from the request that opened it
+    try:
+      if self.http:  # the first range request also says the size (Content-Range: .../size)
+        self._head = self._retrying(lambda: self._http_range(0, HEAD_BYTES), "the header")
+      else:
+        self._size = int(self._retrying(lambda: self.fs.size(self.path), "the size"))
+    except FileNotFoundError:
+      raise errors.MissingShardError(f"{url}: not found (HTTP 404 or no such object)") from None
+
+  @property
+  def size(self) -> int:
+    return self._size
+
+  def pread(self, n: int, offset: int) -> bytes:
+    """Up to ``n`` bytes from ``offset`` (fewer at the end of the object); a safetensors header
+    that fits in the first ``HEAD_BYTES`` comes from the request that opened the object."""
+    end = min(offset + n, self._size)
+    if end <= offset:
+      return b""
+    if end <= len(self._head):
+      return self._head[offset:end]
+    return self._retrying(lambda: self._get(offset, end), f"bytes {offset}:{end}")
+
+  def drop_head(self) -> None:
+    """Forgets the object's first bytes (once its header is parsed)."""
+    self._head = b""
+
+  def pread_into(self, array: np.ndarray, offset: int, what: str) -> None:
+    if self.closed:
+      raise errors.SourceIOError(f"{self.name}: the source was closed; open it again to read")
+    assert array.flags.c_contiguous
+    out = array.reshape(-1).view(np.uint8)
+    want = out.size
+    if offset + want > self._size:
+      raise errors.SourceIOError(
+        f"{self.name}: {what} needs bytes up to {offset + want}, but the object is "
+        f"{self._size} bytes"
+      )
+    data = self._retrying(lambda: self._get(offset, offset + want), what)
+    out[:] = np.frombuffer(data, np.uint8)
+
+  def _get(self, start: int, end: int) -> bytes:
+    if self.http:
+      data = self._http_range(start, end)
+    else:
+      data = self.fs.cat_file(self.path, start=start, end=end)
+    if len(data) != end - start:  # a body cut short without an error: try again
+      raise _Transient(f"received {len(data)} of {end - start} bytes")
+    return data
+
+  def _http_range(self, start: int, end: int) -> bytes:
+    """One ``Range`` GET, within its deadline; the status, the range and the validators are
+    checked before the body is read, so a server that ignores ``Range`` never sends us the
+    whole object, and an object replaced since it was opened is never read as good."""
+    from fsspec.asyn import sync
+
+    async def fetch() -> bytes:
+      import aiohttp
+
+      session = await self.fs.set_session()
+      headers = {**self.fs.kwargs.get("headers", {}), "Range": f"bytes={start}-{end - 1}"}
+      if self.etag and not self.etag.startswith("W/"):
+        headers["If-Match"] = self.etag  # the server refuses (412) if the object changed
+      deadline = self.timeout + (end - start) / self.min_throughput
+      kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("headers", "timeout")}
+      kw["timeout"] = aiohttp.ClientTimeout(
+        total=deadline, sock_connect=self.timeout, sock_read=self.timeout
+      )
+      async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
+        if r.status == 404:
+          raise FileNotFoundError(self.path)
+        if r.status in (401, 403):
+          raise PermissionError(f"HTTP {r.status} {r.reason}")
+        if r.status == 412:
+          raise _Changed(f"the server says it no longer matches ETag {self.etag}")
+        if r.status == 429 or r.status >= 500:
+          raise _Transient(f"HTTP {r.status} {r.reason}")
+        if r.status == 416 and start == 0:  # an empty object
+          self._size = 0
+          return b""
+        if r.status != 206:
+          raise RangeNotSupported(
+            f"HTTP {r.status} to a Range request (the server ignores Range and would send the "
+            f"whole object, {r.headers.get('Content-Length', '?')} bytes)"
+          )
+        self._check_response(r.headers, start, end)
+        return await r.read()
+
+    return sync(self.fs.loop, fetch)
+
+  def _check_response(self, headers: Any, start: int, end: int) -> None:
+    """A 206 names exactly the bytes asked for, of an object of the opened size and
+    validators; the first response pins them."""
+    m = _CONTENT_RANGE.fullmatch(headers.get("Content-Range", "").strip())
+    if m is None:
+      raise RangeNotSupported(
+        f"a 206 response whose Content-Range ({headers.get('Content-Range')!r}) does not name "
+        "the bytes and the object's size"
+      )
+    first, last, total = (int(x) for x in m.groups())
+    if self._size >= 0 and total != self._size:
+      raise _Changed(f"its size is now {total} bytes, it was {self._size} when opened")
+    if (first, last) != (start, min(end, total) - 1):
+      raise RangeNotSupported(
+        f"asked for bytes {start}-{end - 1}, the server answered bytes {first}-{last}"
+      )
+    etag, modified = headers.get("ETag"), headers.get("Last-Modified")
+    if self._size < 0:  # the request that opened it
+      self._size, self.etag, self.modified = total, etag, modified
+    elif self.etag and etag and etag != self.etag:
+      raise _Changed(f"its ETag is now {etag}, it was {self.etag} when opened")
+    elif not self.etag and self.modified and modified and modified != self.modified:
+      raise _Changed(f"it was modified at {modified}, opened as of {self.modified}")
+
+  def _retrying(self, call: Any, what: str) -> Any:
+    delay = 0.05
+    for attempt in range(self.retries + 1):
+      try:
+        return call()
+      except (FileNotFoundError, PermissionError, RangeNotSupported, _Changed, _TooLarge) as e:
+        if isinstance(e, (FileNotFoundError, _TooLarge)):
+          raise
+        if isinstance(e, _Changed):
+          raise errors.SourceIOError(
+            f"{self.name}: the object changed after it was opened ({e}); nothing read from it "
+            "is used: open the source again"
+          ) from None
+        raise errors.SourceIOError(f"{self.name}: reading {what}: {e}; not retried") from None
+      except Exception as e:  # connection dropped, timeout, 5xx: transient
+        if not _is_transient(e) or attempt == self.retries:
+          kind = "timed out" if _is_timeout(e) else f"failed ({type(e).__name__}: {e})"
+          raise errors.SourceIOError(
+            f"{self.name}: reading {what} {kind} after {attempt + 1} attempt(s) "
+            f"(timeout {self.timeout:g} s, retries={self.retries})"
+          ) from e
+        time.sleep(delay)
+        delay = min(2 * delay, 2.0)
+    raise errors.SourceIOError(f"{self.name}: reading {what}: no attempt was made")
+
+  def close(self) -> None:
+    self.closed = True
+
+
+def _is_timeout(e: BaseException) -> bool:
+  import asyncio
+
+  return isinstance(e, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(e).__name__
+
+
+def _is_transient(e: BaseException) -> bool:
+  if isinstance(e, (_Transient, ConnectionError, OSError)) or _is_timeout(e):
+    return True
+  module = type(e).__module__ or ""
+  return module.startswith("aiohttp")  # payload errors, disconnects (client errors are above)
+
+
+class RemoteFolder:
+  """A URL prefix that a checkpoint's files live under. Its documents (an index, a config, a
+  tokenizer) are read whole but capped (``cap`` bytes, refused while streaming), with the same
+  retries as payload reads; a status other than 200/404 is an error naming the URL."""
+
+  def __init__(
+    self,
+    root: str,
+    *,
+    options: dict[str, Any] | None,
+    retries: int,
+    timeout: float,
+    min_throughput: float = MIN_THROUGHPUT,
+  ):
+    self.root = root.rstrip("/")
+    self.options, self.retries, self.timeout = options, retries, timeout
+    self.min_throughput = min_throughput
+    self.fs, _ = filesystem(self.root, options, timeout)
+    self.http = self.root.split("://", 1)[0] in ("http", "https")
+
+  def describe(self, name: str) -> Any:
+    return f"{self.root}/{name}"
+
+  def exists(self, name: str) -> bool:
+    """Whether ``name`` is there (a failed request is an error, never a "no")."""
+    try:
+      self._document(name, 0, probe=True)
+      return True
+    except FileNotFoundError:
+      return False
+
+  def read_text(self, name: str, cap: int = DOCUMENT_CAP) -> str:
+    try:
+      return self.read_bytes(name, cap).decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise errors.SourceIOError(f"{self.describe(name)}: not UTF-8 text ({e})") from None
+
+  def read_bytes(self, name: str, cap: int = DOCUMENT_CAP) -> bytes:
+    try:
+      return self._document(name, cap)
+    except FileNotFoundError:
+      raise FileNotFoundError(f"{self.describe(name)}: not found") from None
+
+  def _document(self, name: str, cap: int, probe: bool = False) -> bytes:
+    url = self.describe(name)
+    reader = RemoteFile.__new__(RemoteFile)  # its retry policy and error naming, no request
+    reader.name, reader.retries, reader.timeout = url, self.retries, self.timeout
+    if not self.http:
+
+      def call() -> bytes:
+        size = int(self.fs.size(url))
+        if probe:
+          return b""
+        if size > cap:
+          raise _TooLarge(size)
+        return bytes(self.fs.cat_file(url))
+    else:
+      call = functools.partial(self._http_document, url, cap, probe)
+    try:
+      return reader._retrying(call, "it" if probe else "the document")
+    except _TooLarge as e:
+      raise errors.SourceIOError(
+        f"{url}: the document is larger than {cap} bytes ({e.args[0]}); refused before it "
+        "was read whole (an index or config is a few MB at most)"
+      ) from None
+
+  def _http_document(self, url: str, cap: int, probe: bool) -> bytes:
+    from fsspec.asyn import sync
+
+    async def fetch() -> bytes:
+      import aiohttp
+
+      session = await self.fs.set_session()
+      kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("timeout",)}
+      kw["timeout"] = aiohttp.ClientTimeout(
+        total=self.timeout + cap / self.min_throughput,
+        sock_connect=self.timeout,
+        sock_read=self.timeout,
+      )
+      method = session.head if probe else session.get
+      async with method(self.fs.encode_url(url), **kw) as r:
+        if r.status == 404:
+          raise FileNotFoundError(url)
+        if r.status in (401, 403):
+          raise PermissionError(f"HTTP {r.status} {r.reason} (denied: credentials?)")
+        if r.status == 429 or r.status >= 500:
+          raise _Transient(f"HTTP {r.status} {r.reason}")
+        if r.status != 200:
+          raise RangeNotSupported(f"HTTP {r.status} {r.reason}")
+        if probe:
+          return b""
+        length = r.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > cap:
+          raise _TooLarge(int(length))
+        body = bytearray()
+        async for chunk in r.content.iter_chunked(1 << 16):
+          body += chunk
+          if len(body) > cap:
+            raise _TooLarge(f"more than {cap}")
+        return bytes(body)
+
+    return sync(self.fs.loop, fetch)
+
+  def escapes(self, name: str) -> bool:
+    """Whether ``name`` (from an index) reaches outside the folder, percent-encoded or not."""
+    seen = {name}
+    text = name
+    for _ in range(4):  # %252e%252e: decoded again by a proxy or a server
+      text = urllib.parse.unquote(text)
+      seen.add(text)
+    return any(_outside(t) for t in seen)
+
+  def open(self, name: str) -> RemoteFile:
+    return RemoteFile(
+      self.describe(name),
+      options=self.options,
+      retries=self.retries,
+      timeout=self.timeout,
+      min_throughput=self.min_throughput,
+    )
+
+
+class _TooLarge(Exception):
+  pass
+
+
+def _outside(name: str) -> bool:
+  pure = pathlib.PurePosixPath(name)
+  return pure.is_absolute() or ".." in pure.parts or "://" in name or "\\" in name
