@@ -354,18 +354,24 @@ def _build_stack(first: ops.Recipe, keys: list[str], grid: tuple[int, ...]) -> o
   return ops.stack(items, axis=0)
 
 
-def _rekey(recipe: ops.Recipe, old: str, new: str) -> ops.Recipe:
+def rekey(recipe: ops.Recipe, key_fn: Any) -> ops.Recipe:
+  """``recipe`` with every source key ``k`` read as ``key_fn(k)`` (a layer's recipe from layer
+  0's, a hint's ``{i}`` filled in); the structure and selections unchanged."""
   if isinstance(recipe, ops.Source):
-    return ops.Source(new, recipe.selection) if recipe.key == old else recipe
+    return ops.Source(key_fn(recipe.key), recipe.selection)
   fields = {}
   for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
     value = getattr(recipe, f.name)
     if isinstance(value, ops.Recipe):
-      value = _rekey(value, old, new)
+      value = rekey(value, key_fn)
     elif isinstance(value, tuple) and value and isinstance(value[0], ops.Recipe):
-      value = tuple(_rekey(v, old, new) for v in value)
+      value = tuple(rekey(v, key_fn) for v in value)
     fields[f.name] = value
   return type(recipe)(**fields)
+
+
+def _rekey(recipe: ops.Recipe, old: str, new: str) -> ops.Recipe:
+  return rekey(recipe, lambda k: new if k == old else k)
 
 
 def distinct(cands: list[Candidate]) -> list[Candidate]:

@@ -125,7 +125,7 @@ def settle_by_layer(
 ) -> dict[str, tuple[Candidate, str]]:
   """Open leaves of per-layer targets that the other layers' agreed choice settles:
   ``{name: (candidate, a layer's leaf that made that choice)}``."""
-  agreed = _layer_choices(decided)
+  agreed = {t: (_choices(ns, decided), ns[0]) for t, ns in _by_template(decided).items()}
   out = {}
   for name, cands in open_.items():
     choice = agreed.get(template(name))
@@ -141,8 +141,8 @@ def settle_by_layer(
 def layer_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
   """``{leaf: problem}`` for per-layer leaves whose layers chose differently."""
   out = {}
-  for (choices, _), names in _layer_groups(decided):
-    if len(choices) < 2:
+  for names in _by_template(decided).values():
+    if len(_choices(names, decided)) < 2:
       continue
     said = "; ".join(f"{n} <- {', '.join(decided[n][:2])}" for n in sorted(names)[:4])
     for n in names:
@@ -158,31 +158,18 @@ def _key_template(keys: tuple[str, ...]) -> tuple[str, ...]:
   return tuple(sorted({template(k) for k in keys}))
 
 
-def _layer_groups(
-  decided: Mapping[str, tuple[str, ...]],
-) -> list[tuple[tuple[set[tuple[str, ...]], str], list[str]]]:
+def _by_template(decided: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]:
+  """The decided per-layer leaves by their template (``layers_#/attn/q/kernel``)."""
   groups: dict[str, list[str]] = {}
   for name, keys in decided.items():
     if keys and template(name) != name:
       groups.setdefault(template(name), []).append(name)
-  out = []
-  for names in groups.values():
-    if len(names) > 1:
-      choices = {_key_template(decided[n]) for n in names}
-      out.append(((choices, names[0]), names))
-  return out
+  return groups
 
 
-def _layer_choices(
-  decided: Mapping[str, tuple[str, ...]],
-) -> dict[str, tuple[set[tuple[str, ...]], str]]:
-  out: dict[str, tuple[set[tuple[str, ...]], str]] = {}
-  for name, keys in decided.items():
-    if keys and template(name) != name:
-      t = template(name)
-      choices, first = out.get(t, (set(), name))
-      out[t] = (choices | {_key_template(keys)}, first)
-  return out
+def _choices(names: list[str], decided: Mapping[str, tuple[str, ...]]) -> set[tuple[str, ...]]:
+  """The checkpoint templates the layers of one leaf chose."""
+  return {_key_template(decided[n]) for n in names}
 
 
 def _shown_modules(keys: tuple[str, ...]) -> str:

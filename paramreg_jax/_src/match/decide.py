@@ -191,7 +191,7 @@ def ambiguous(name: str, cands: list[Candidate], lead: str = "") -> str:
   """The problem for a parameter that several candidates fit equally: every candidate with
   its recipe and why it is one (the equal best, then the rest that fit its shape). No pick is
   offered: nothing tells them apart."""
-  top = _top(cands) if cands[0].score >= MIN_SCORE else cands
+  top = _top(cands)
   lines = [
     f"{lead or name + ':'} ambiguous between {len(top)} candidates of equal score "
     "(name, shape and config do not tell them apart):"

@@ -14,7 +14,6 @@ bias only through module coherence, as any decided kernel does).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import ops
 
@@ -56,22 +56,8 @@ def _at_layer(hint: Any, i: str) -> Any:
   if isinstance(hint, str):
     return hint.replace("{i}", i)
   if isinstance(hint, ops.Recipe):
-    return _rekeyed(hint, i)
+    return rekey(hint, lambda key: key.replace("{i}", i))
   return hint  # refused with its type by check()
-
-
-def _rekeyed(recipe: ops.Recipe, i: str) -> ops.Recipe:
-  if isinstance(recipe, ops.Source):
-    return ops.Source(recipe.key.replace("{i}", i), recipe.selection)
-  fields = {}
-  for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
-    value = getattr(recipe, f.name)
-    if isinstance(value, ops.Recipe):
-      value = _rekeyed(value, i)
-    elif isinstance(value, tuple) and value and isinstance(value[0], ops.Recipe):
-      value = tuple(_rekeyed(v, i) for v in value)
-    fields[f.name] = value
-  return type(recipe)(**fields)
 
 
 def check(
