@@ -174,9 +174,8 @@ def _write_shards(
   bar: Any,
 ) -> None:
   """Every safetensors file (and the index when there are several), one tensor at a time."""
-  tensors = [(t.key, t.shape, t.dtype, t.nbytes) for t in exported.tensors]
+  tensors = writer.entries(exported.tensors)
   shards = writer.layout(tensors, max_shard_bytes)
-  weight_map: dict[str, str] = {}
   for name, positions in shards:
     head, offsets = writer.header([tensors[i] for i in positions], {"format": "pt"})
     with open(staging.path(name), "wb") as f:
@@ -184,11 +183,9 @@ def _write_shards(
       for i, offset in zip(positions, offsets):
         t = exported.tensors[i]
         write_tensor(f.fileno(), len(head) + offset, t, Fetch(leaves), src, block)
-        weight_map[t.key] = name
         if bar is not None:
           bar.update(t.nbytes)
-  if len(shards) > 1:
-    staging.path(writer.INDEX_NAME).write_bytes(writer.index(weight_map, exported.nbytes))
+  writer.write_index(staging.dir, tensors, shards)
 
 
 def _write_extras(staging: Staging, *, src: Any, companions: tuple[str, ...]) -> None:

@@ -35,6 +35,7 @@ from paramreg_jax._src.export.staging import Staging
 from paramreg_jax._src.export.tensors import Fetch
 from paramreg_jax._src.export.tensors import fetch_region as _fetch
 from paramreg_jax._src.export.tensors import index_box
+from paramreg_jax._src.export.tensors import overlap
 from paramreg_jax._src.export.tensors import write_tensor
 
 _NAME_BYTES = 4096
@@ -73,7 +74,9 @@ def export_all(
   dir_ = _shared_dir(staging)  # a collective: every process learns whether process 0 staged
   if dir_ is None:
     raise staged or errors.ExportError(f"{final}: process 0 could not stage the export")
-  files, failure = _lay_out(dir_, exported, max_shard_bytes, me)
+  entries = writer.entries(exported.tensors)
+  shards = writer.layout(entries, max_shard_bytes)
+  files, failure = _lay_out(dir_, entries, shards, me)
   failure = _write_owned(dir_, exported, files, leaves, src, block, me, count, failure)
   failures = _vote(failure)
   if failures:
@@ -85,7 +88,7 @@ def export_all(
     )
   if staging is not None:
     try:
-      _index(staging, exported, max_shard_bytes)
+      writer.write_index(staging.dir, entries, shards)
       extras(staging)
       staging.commit()
     except BaseException:
@@ -108,13 +111,12 @@ def _shared_dir(staging: Staging | None) -> pathlib.Path | None:
 
 
 def _lay_out(
-  dir_: pathlib.Path, exported: ExportPlan, max_shard_bytes: int, me: int
+  dir_: pathlib.Path, tensors: list[Any], shards: list[tuple[str, list[int]]], me: int
 ) -> tuple[dict[str, tuple[str, int]], str | None]:
   """``{tensor key: (file, absolute offset)}`` and this process's failure; process 0 creates
   the files at full size (every process joins the barrier after it, failed or not)."""
-  tensors = [(t.key, t.shape, t.dtype, t.nbytes) for t in exported.tensors]
   where, failure = {}, None
-  for name, positions in writer.layout(tensors, max_shard_bytes):
+  for name, positions in shards:
     head, offsets = writer.header([tensors[i] for i in positions], {"format": "pt"})
     size = len(head) + sum(tensors[i][3] for i in positions)
     if me == 0 and failure is None:
@@ -213,14 +215,10 @@ def _gather(leaf: jax.Array, index: tuple[Any, ...], block: int, keep: bool) -> 
     every = _exchange(mine)  # [processes, *block]
     if out is not None:
       for process, regions in held.items():
-        for region in regions:
-          lo = [max(r[0], q[0]) for r, q in zip(region, part)]
-          hi = [min(r[1], q[1]) for r, q in zip(region, part)]
-          if any(x >= y for x, y in zip(lo, hi)):
-            continue
-          src = tuple(slice(x - q[0], y - q[0]) for x, y, q in zip(lo, hi, part))
-          dst = tuple(slice(x - b[0], y - b[0]) for x, y, b in zip(lo, hi, box))
-          out[dst] = every[process][src]
+        for region in regions:  # what this process's devices hold of the block
+          found = overlap(box, part, region)
+          if found is not None:
+            out[found[1]] = every[process][found[0]]
     del mine, every
   if out is None:
     return None
@@ -278,11 +276,3 @@ def _vote(failure: str | None) -> list[str]:
     for i, row in enumerate(every)
     if row.any()
   ]
-
-
-def _index(staging: Staging, exported: ExportPlan, max_shard_bytes: int) -> None:
-  tensors = [(t.key, t.shape, t.dtype, t.nbytes) for t in exported.tensors]
-  shards = writer.layout(tensors, max_shard_bytes)
-  if len(shards) > 1:
-    weight_map = {tensors[i][0]: name for name, positions in shards for i in positions}
-    staging.path(writer.INDEX_NAME).write_bytes(writer.index(weight_map, exported.nbytes))

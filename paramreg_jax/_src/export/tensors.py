@@ -28,6 +28,19 @@ def index_box(index: tuple[Any, ...], shape: tuple[int, ...]) -> list[tuple[int,
   ]
 
 
+def overlap(
+  out_box: Any, data_box: Any, held: Any
+) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+  """Where the part of ``held`` that both ``data`` (covering ``data_box``) and ``out``
+  (covering ``out_box``) span sits in each: ``(data index, out index)``; None if nothing."""
+  lo = [max(a[0], b[0], c[0]) for a, b, c in zip(held, data_box, out_box)]
+  hi = [min(a[1], b[1], c[1]) for a, b, c in zip(held, data_box, out_box)]
+  if any(x >= y for x, y in zip(lo, hi)):
+    return None
+  src = tuple(slice(x - d[0], y - d[0]) for x, y, d in zip(lo, hi, data_box))
+  return src, tuple(slice(x - o[0], y - o[0]) for x, y, o in zip(lo, hi, out_box))
+
+
 def fetch_region(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
   """``leaf[index]`` on the host, copying only the shards the index touches. Indexing happens
   in numpy (a CPU device's buffer is viewed, not copied): indexing the ``jax.Array`` would
@@ -42,13 +55,10 @@ def fetch_region(leaf: Any, index: tuple[Any, ...]) -> np.ndarray:
     if where in seen:
       continue
     seen.add(where)
-    lo = [max(a[0], b[0]) for a, b in zip(where, box)]
-    hi = [min(a[1], b[1]) for a, b in zip(where, box)]
-    if any(a >= b for a, b in zip(lo, hi)):
-      continue
-    src_index = tuple(slice(a - w[0], b - w[0]) for a, b, w in zip(lo, hi, where))
-    dst_index = tuple(slice(a - o[0], b - o[0]) for a, b, o in zip(lo, hi, box))
-    out[dst_index] = np.asarray(shard.data)[src_index]
+    found = overlap(box, where, where)
+    if found is not None:
+      src_index, dst_index = found
+      out[dst_index] = np.asarray(shard.data)[src_index]
   squeeze = tuple(axis for axis, i in enumerate(index) if isinstance(i, int))
   return out.squeeze(squeeze) if squeeze else out
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,24 @@ def header(
   raw = json.dumps(body, separators=(",", ":")).encode()
   raw += b" " * (-len(raw) % 8)
   return len(raw).to_bytes(8, "little") + raw, offsets
+
+
+def entries(tensors: Sequence[Any]) -> list[tuple[str, tuple[int, ...], np.dtype, int]]:
+  """``(key, shape, dtype, nbytes)`` of each planned tensor (what ``layout`` and ``header``
+  take)."""
+  return [(t.key, t.shape, t.dtype, t.nbytes) for t in tensors]
+
+
+def write_index(
+  folder: pathlib.Path,
+  tensors: Sequence[tuple[str, tuple[int, ...], np.dtype, int]],
+  shards: list[tuple[str, list[int]]],
+) -> None:
+  """``model.safetensors.index.json`` in ``folder``, when the tensors are in several shards."""
+  if len(shards) > 1:
+    weight_map = {tensors[i][0]: name for name, positions in shards for i in positions}
+    total = sum(t[3] for t in tensors)
+    (folder / INDEX_NAME).write_bytes(index(weight_map, total))
 
 
 def index(weight_map: dict[str, str], total_size: int) -> bytes:
