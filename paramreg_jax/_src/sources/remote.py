@@ -260,32 +260,40 @@ class RemoteFile:
       raise _Changed(f"it was modified at {modified}, opened as of {self.modified}")
 
   def _retrying(self, call: Any, what: str) -> Any:
-    delay = 0.05
-    for attempt in range(self.retries + 1):
-      try:
-        return call()
-      except (FileNotFoundError, PermissionError, RangeNotSupported, _Changed, _TooLarge) as e:
-        if isinstance(e, (FileNotFoundError, _TooLarge)):
-          raise
-        if isinstance(e, _Changed):
-          raise errors.SourceIOError(
-            f"{self.name}: the object changed after it was opened ({e}); nothing read from it "
-            "is used: open the source again"
-          ) from None
-        raise errors.SourceIOError(f"{self.name}: reading {what}: {e}; not retried") from None
-      except Exception as e:  # connection dropped, timeout, 5xx: transient
-        if not _is_transient(e) or attempt == self.retries:
-          kind = "timed out" if _is_timeout(e) else f"failed ({type(e).__name__}: {e})"
-          raise errors.SourceIOError(
-            f"{self.name}: reading {what} {kind} after {attempt + 1} attempt(s) "
-            f"(timeout {self.timeout:g} s, retries={self.retries})"
-          ) from e
-        time.sleep(delay)
-        delay = min(2 * delay, 2.0)
-    raise errors.SourceIOError(f"{self.name}: reading {what}: no attempt was made")
+    return retrying(call, what, url=self.name, retries=self.retries, timeout=self.timeout)
 
   def close(self) -> None:
     self.closed = True
+
+
+def retrying(call: Any, what: str, *, url: Any, retries: int, timeout: float) -> Any:
+  """``call()``, retried with backoff on transient failures (a dropped connection, a timeout,
+  HTTP 5xx or 429); every other failure, and the last transient one, is a ``SourceIOError``
+  naming ``url`` and what was being read. ``FileNotFoundError`` and ``_TooLarge`` pass through
+  for the caller to name."""
+  delay = 0.05
+  for attempt in range(retries + 1):
+    try:
+      return call()
+    except (FileNotFoundError, PermissionError, RangeNotSupported, _Changed, _TooLarge) as e:
+      if isinstance(e, (FileNotFoundError, _TooLarge)):
+        raise
+      if isinstance(e, _Changed):
+        raise errors.SourceIOError(
+          f"{url}: the object changed after it was opened ({e}); nothing read from it "
+          "is used: open the source again"
+        ) from None
+      raise errors.SourceIOError(f"{url}: reading {what}: {e}; not retried") from None
+    except Exception as e:  # connection dropped, timeout, 5xx: transient
+      if not _is_transient(e) or attempt == retries:
+        kind = "timed out" if _is_timeout(e) else f"failed ({type(e).__name__}: {e})"
+        raise errors.SourceIOError(
+          f"{url}: reading {what} {kind} after {attempt + 1} attempt(s) "
+          f"(timeout {timeout:g} s, retries={retries})"
+        ) from e
+      time.sleep(delay)
+      delay = min(2 * delay, 2.0)
+  raise errors.SourceIOError(f"{url}: reading {what}: no attempt was made")
 
 
 def _is_timeout(e: BaseException) -> bool:
@@ -346,8 +354,6 @@ class RemoteFolder:
 
   def _document(self, name: str, cap: int, probe: bool = False) -> bytes:
     url = self.describe(name)
-    reader = RemoteFile.__new__(RemoteFile)  # its retry policy and error naming, no request
-    reader.name, reader.retries, reader.timeout = url, self.retries, self.timeout
     if not self.http:
 
       def call() -> bytes:
@@ -360,7 +366,8 @@ class RemoteFolder:
     else:
       call = functools.partial(self._http_document, url, cap, probe)
     try:
-      return reader._retrying(call, "it" if probe else "the document")
+      what = "it" if probe else "the document"
+      return retrying(call, what, url=url, retries=self.retries, timeout=self.timeout)
     except _TooLarge as e:
       raise errors.SourceIOError(
         f"{url}: the document is larger than {cap} bytes ({e.args[0]}); refused before it "
