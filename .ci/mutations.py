@@ -34,7 +34,7 @@ class Mutation:
 MUTATIONS = (
   Mutation(
     "bind publishes before validating",
-    "paramreg_jax/_src/restore.py",
+    "paramreg_jax/_src/restore/restore.py",
     "from None\n  return _bind(leaves, treedef, slots, unit, exclude, backend)\n",
     "from None\n"
     "  if isinstance(target, dict):\n"
@@ -53,7 +53,7 @@ MUTATIONS = (
   ),
   Mutation(
     "state_keys empty",
-    "paramreg_jax/_src/state_access.py",
+    "paramreg_jax/_src/optim/state_access.py",
     "    return frozenset(k for _, _, keys in mirrors(state, index) for k in keys if k is not None)\n",
     "    return frozenset()\n",
     ("tests/test_keyed.py", "-k", "lr_only and eager and (adam or sgd)"),
@@ -67,7 +67,7 @@ MUTATIONS = (
   ),
   Mutation(
     "a lease error type changed",
-    "paramreg_jax/_src/source.py",
+    "paramreg_jax/_src/sources/base.py",
     "    return errors.UnknownTensorError(\n",
     "    return KeyError(\n",
     ("tests/test_sources.py", "-k", "unknown_key"),
@@ -116,14 +116,14 @@ MUTATIONS = (
   ),
   Mutation(
     "reconcile: the same Adam under a new wrapping no longer found",
-    "paramreg_jax/_src/reconcile.py",
+    "paramreg_jax/_src/optim/reconcile.py",
     '  if diff.optimizer_problems and by == "name":  # the same state under a new wrapping?\n',
     "  if False:\n",
     ("tests/test_reconcile.py", "-k", "new_wrapping"),
   ),
   Mutation(
     "reconcile keeps an old learning rate",
-    "paramreg_jax/_src/reconcile.py",
+    "paramreg_jax/_src/optim/reconcile.py",
     '  if hyperparams == "code":\n',
     "  if False:\n",
     ("tests/test_reconcile.py", "-k", "learning_rate"),

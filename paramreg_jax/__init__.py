@@ -4,10 +4,6 @@ Every parameter gets a canonical key from its tree path (``n:encoder/0/kernel``)
 state, checkpoint entries, recipes, reports and errors all use it.
 """
 
-from paramreg_jax._src.backend import JaxBackend
-from paramreg_jax._src.backend import ParameterBackend
-from paramreg_jax._src.debias import DebiasAddedState
-from paramreg_jax._src.debias import debias_added
 from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import ExportError
@@ -31,41 +27,45 @@ from paramreg_jax._src.export import ExportPlan
 from paramreg_jax._src.export import convert
 from paramreg_jax._src.export import export
 from paramreg_jax._src.export import plan_export
-from paramreg_jax._src.keyed import keyed
 from paramreg_jax._src.keys import INDEXED_KEY_PREFIX
 from paramreg_jax._src.keys import NAMED_KEY_PREFIX
 from paramreg_jax._src.keys import name_to_path
 from paramreg_jax._src.keys import path_to_name
 from paramreg_jax._src.match import Match
 from paramreg_jax._src.match import match
-from paramreg_jax._src.nnx_optimizer import reconcile_optimizer
+from paramreg_jax._src.optim.debias import DebiasAddedState
+from paramreg_jax._src.optim.debias import debias_added
+from paramreg_jax._src.optim.keyed import keyed
+from paramreg_jax._src.optim.nnx_optimizer import reconcile_optimizer
+from paramreg_jax._src.optim.reconcile import reconcile
+from paramreg_jax._src.optim.report import SurgeryReport
+from paramreg_jax._src.optim.resize import layer_map
+from paramreg_jax._src.optim.state_access import param_state
+from paramreg_jax._src.optim.state_access import state_keys
 from paramreg_jax._src.patterns import label_by_pattern
 from paramreg_jax._src.patterns import mask_by_pattern
-from paramreg_jax._src.plan import PlanEntry
-from paramreg_jax._src.plan import RestorePlan
-from paramreg_jax._src.plan import plan_restore
-from paramreg_jax._src.reconcile import reconcile
 from paramreg_jax._src.registry import ParamId
 from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
 from paramreg_jax._src.registry import assign_keys
-from paramreg_jax._src.resize import layer_map
-from paramreg_jax._src.restore import MaterializedUnit
-from paramreg_jax._src.restore import bind
-from paramreg_jax._src.restore import materialize
-from paramreg_jax._src.restore import restore
-from paramreg_jax._src.selection import Full
-from paramreg_jax._src.selection import Indices
-from paramreg_jax._src.selection import Range
-from paramreg_jax._src.source import CheckpointLease
-from paramreg_jax._src.source import CheckpointSource
-from paramreg_jax._src.source import TensorMetadata
+from paramreg_jax._src.restore.backend import JaxBackend
+from paramreg_jax._src.restore.backend import ParameterBackend
+from paramreg_jax._src.restore.plan import PlanEntry
+from paramreg_jax._src.restore.plan import RestorePlan
+from paramreg_jax._src.restore.plan import plan_restore
+from paramreg_jax._src.restore.restore import MaterializedUnit
+from paramreg_jax._src.restore.restore import bind
+from paramreg_jax._src.restore.restore import materialize
+from paramreg_jax._src.restore.restore import restore
+from paramreg_jax._src.sources.base import CheckpointLease
+from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.base import TensorMetadata
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
-from paramreg_jax._src.state_access import param_state
-from paramreg_jax._src.state_access import state_keys
-from paramreg_jax._src.surgery import SurgeryReport
+from paramreg_jax._src.sources.selection import Full
+from paramreg_jax._src.sources.selection import Indices
+from paramreg_jax._src.sources.selection import Range
 
 __version__ = "0.1.0.dev0"
 

@@ -731,8 +731,8 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
   4x the shards must cost about 4x the time (quadratic would be 16x)."""
   import time
 
-  from paramreg_jax._src import reads
   from paramreg_jax._src.recipes import compiler
+  from paramreg_jax._src.restore import reads
 
   device = jax.devices()[0]
   seconds = {}

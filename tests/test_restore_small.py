@@ -18,8 +18,8 @@ from safetensors.numpy import save_file
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
-from paramreg_jax._src import backend as backend_lib
-from paramreg_jax._src import transfer
+from paramreg_jax._src.restore import backend as backend_lib
+from paramreg_jax._src.restore import transfer
 from paramreg_jax.sources import MemorySource
 from paramreg_jax.sources import SafetensorsSource
 from paramreg_jax.sources import UnknownTensorError
@@ -195,7 +195,7 @@ def test_the_public_transfer_is_used_when_asked(tmp_path):
 
   code = (
     "import paramreg_jax as prj; prj.use_cpu_devices(8)\n"
-    "from paramreg_jax._src import transfer; import numpy as np, jax\n"
+    "from paramreg_jax._src.restore import transfer; import numpy as np, jax\n"
     "assert transfer._TRANSFER is None\n"
     "from paramreg_jax.sources import MemorySource\n"
     "from jax.sharding import NamedSharding, PartitionSpec as P\n"

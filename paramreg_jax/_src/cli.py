@@ -138,7 +138,7 @@ def _check_target(spec: str, target: Any) -> None:
   import jax
 
   from paramreg_jax._src import keys as keys_lib
-  from paramreg_jax._src import target as target_lib
+  from paramreg_jax._src.restore import target as target_lib
 
   flat = jax.tree_util.tree_flatten_with_path(target_lib.as_state(target))[0]
   bad = [(p, x) for p, x in flat if not target_lib.is_slot(x)]
@@ -157,7 +157,7 @@ def _check_target(spec: str, target: Any) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-  from paramreg_jax._src.plan import plan_restore
+  from paramreg_jax._src.restore.plan import plan_restore
 
   src = open_source(args.path, step=args.step, item=args.item)
   target, options = _load_target(args.target)
@@ -284,7 +284,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
   """Parameters (an orbax checkpoint in the target's layout) -> the layout of ``--like``."""
   from paramreg_jax._src.export.driver import export
-  from paramreg_jax._src.restore import restore
+  from paramreg_jax._src.restore.restore import restore
 
   target, options = _load_target(args.target)
   like = open_source(args.like)

@@ -22,12 +22,12 @@ from jax.sharding import PartitionSpec as P
 
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
-from paramreg_jax._src import keyed as keyed_lib
-from paramreg_jax._src import reconcile as reconcile_lib
 from paramreg_jax._src import registry
-from paramreg_jax._src import restore as restore_lib
-from paramreg_jax._src import state_access
-from paramreg_jax._src.plan import plan_restore
+from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.optim import reconcile as reconcile_lib
+from paramreg_jax._src.optim import state_access
+from paramreg_jax._src.restore.plan import plan_restore
+from paramreg_jax._src.restore.restore import restore as restore_lib
 from paramreg_jax._src.sources.orbax import OrbaxSource
 
 

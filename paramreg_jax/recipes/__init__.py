@@ -1,6 +1,5 @@
 """Derived-weight recipes: declarative rename/transpose/split/stack/cast/view of checkpoint tensors."""
 
-from paramreg_jax._src.backend import evaluate
 from paramreg_jax._src.errors import AliasError
 from paramreg_jax._src.errors import ByteCountMismatchError
 from paramreg_jax._src.errors import DtypeMismatchError
@@ -37,6 +36,7 @@ from paramreg_jax._src.recipes.sets import RecipeSet
 from paramreg_jax._src.recipes.sets import Rename
 from paramreg_jax._src.recipes.sets import fused_split
 from paramreg_jax._src.recipes.sets import rename
+from paramreg_jax._src.restore.backend import evaluate
 
 __all__ = (
   "AliasError",

@@ -10,16 +10,16 @@ from paramreg_jax._src.errors import SourceIOError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownTensorError
 from paramreg_jax._src.errors import UnsafeShardPathError
-from paramreg_jax._src.selection import Full
-from paramreg_jax._src.selection import Indices
-from paramreg_jax._src.selection import Range
-from paramreg_jax._src.source import CheckpointLease
-from paramreg_jax._src.source import CheckpointSource
-from paramreg_jax._src.source import SourceStats
-from paramreg_jax._src.source import TensorMetadata
+from paramreg_jax._src.sources.base import CheckpointLease
+from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.base import SourceStats
+from paramreg_jax._src.sources.base import TensorMetadata
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
+from paramreg_jax._src.sources.selection import Full
+from paramreg_jax._src.sources.selection import Indices
+from paramreg_jax._src.sources.selection import Range
 
 __all__ = (
   "CheckpointLease",

@@ -15,12 +15,12 @@ from typing import Any
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
-from paramreg_jax._src import plan as plan_lib
-from paramreg_jax._src import restore as restore_lib
-from paramreg_jax._src import source as source_lib
 from paramreg_jax._src.export.staging import Staging
 from paramreg_jax._src.export.staging import check_destination
 from paramreg_jax._src.export.staging import published
+from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore.restore import restore as restore_lib
+from paramreg_jax._src.sources import base as source_lib
 
 
 def convert(

@@ -23,9 +23,6 @@ import numpy as np
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
-from paramreg_jax._src import plan as plan_lib
-from paramreg_jax._src import source as source_lib
-from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.export import writer
 from paramreg_jax._src.export.plan import ExportPlan
 from paramreg_jax._src.export.plan import companion_names
@@ -38,6 +35,9 @@ from paramreg_jax._src.export.tensors import Fetch
 from paramreg_jax._src.export.tensors import fetch_region
 from paramreg_jax._src.export.tensors import same_bits
 from paramreg_jax._src.export.tensors import write_tensor
+from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources import base as source_lib
 
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size, "5GB"
 _DEFAULT_BLOCK = 16 * 2**20

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources import selection as sel_lib
 
 # One axis of a region: None (all of it), (start, stop), or a tuple of indices (in output order).
 AxisRegion = None | tuple[int, int] | tuple[tuple[int, ...]]

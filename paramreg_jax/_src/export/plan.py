@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import plan as plan_lib
 from paramreg_jax._src.export import invert as inv
+from paramreg_jax._src.restore import plan as plan_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,9 +33,6 @@ from typing import Any
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
-from paramreg_jax._src import plan as plan_lib
-from paramreg_jax._src import source as source_lib
-from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
@@ -45,6 +42,9 @@ from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources import base as source_lib
 
 __all__ = ["Concepts", "Match", "Proposal", "concepts", "match"]
 

@@ -21,7 +21,7 @@ from paramreg_jax._src.match.evidence import layout_by_name
 from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.selection import Range
+from paramreg_jax._src.sources.selection import Range
 
 
 def _reshapes(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:

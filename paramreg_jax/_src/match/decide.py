@@ -18,8 +18,8 @@ from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.selection import Indices
-from paramreg_jax._src.selection import Range
+from paramreg_jax._src.sources.selection import Indices
+from paramreg_jax._src.sources.selection import Range
 
 MIN_SCORE = 0.5
 _PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}

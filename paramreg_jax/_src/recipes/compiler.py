@@ -17,8 +17,8 @@ How much each operation reads, for an output box R:
   * reshape / view: the input's leading-axis rows spanning R's flat (byte) range: at most R's
     flat span plus two input rows.
 
-The backend then widens and merges the reads of all shards (:mod:`paramreg_jax._src.reads`)
-and runs the functions (:mod:`paramreg_jax._src.backend`, which also holds ``evaluate``).
+The backend then widens and merges the reads of all shards (:mod:`paramreg_jax._src.restore.reads`)
+and runs the functions (:mod:`paramreg_jax._src.restore.backend`, which also holds ``evaluate``).
 
 The function is numpy on the host, run by the backend's thread pool: a transpose, slice, gather
 or cast is one strided copy straight into the shard's (64-byte aligned) buffer, which
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources import selection as sel_lib
 
 
 @dataclasses.dataclass(frozen=True)

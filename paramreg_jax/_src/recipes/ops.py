@@ -20,8 +20,8 @@ import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
 
 SUPPORTED_DTYPES = frozenset(
   np.dtype(d)

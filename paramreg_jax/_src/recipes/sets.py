@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
 
 
 class FusedSplit(Mapping[str, ops.Recipe]):

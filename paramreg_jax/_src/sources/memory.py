@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
 
 
 class MemorySource(source_lib.BaseSource):

@@ -21,8 +21,8 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src import registry as registry_lib
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
 
 _METADATA_FILE = "_METADATA"

@@ -26,9 +26,9 @@ import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import remote
+from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
 
 DTYPES: dict[str, np.dtype] = {

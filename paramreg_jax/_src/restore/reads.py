@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src import selection as sel_lib
 from paramreg_jax._src.recipes import compiler
+from paramreg_jax._src.sources import selection as sel_lib
 
 
 def intersects(a: sel_lib.Region, b: sel_lib.Region) -> bool:
@@ -150,7 +150,7 @@ def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Windo
     >>> import numpy as np
     >>> from paramreg_jax import recipes as R
     >>> from paramreg_jax.sources import MemorySource
-    >>> from paramreg_jax._src import reads
+    >>> from paramreg_jax._src.restore import reads
     >>> from paramreg_jax._src.recipes import compiler
     >>> src = MemorySource({"w": np.zeros((4, 4), np.float32)})
     >>> r = R.source("w")

@@ -25,7 +25,7 @@ from typing import runtime_checkable
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import selection as sel_lib
+from paramreg_jax._src.sources import selection as sel_lib
 
 
 def check_source(source: Any, where: str) -> None:

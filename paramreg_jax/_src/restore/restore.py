@@ -19,12 +19,12 @@ from typing import Any
 import jax
 
 from paramreg_jax._src import api_types
-from paramreg_jax._src import backend as backend_lib
 from paramreg_jax._src import errors
-from paramreg_jax._src import plan as plan_lib
-from paramreg_jax._src import source as source_lib
-from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.restore import backend as backend_lib
+from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources import base as source_lib
 
 
 class MaterializedUnit(Mapping[str, jax.Array]):

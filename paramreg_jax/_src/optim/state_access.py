@@ -1,7 +1,7 @@
 """Reading an optimizer state by parameter key: :func:`state_keys` and :func:`param_state`.
 
 The state has the optimizer's own structure; its keys come from the parameters' paths (see
-:mod:`paramreg_jax._src.keyed`), so both take the parameters beside the state. Live NNX states
+:mod:`paramreg_jax._src.optim.keyed`), so both take the parameters beside the state. Live NNX states
 (``nnx.state(optimizer)``, ``optimizer.opt_state``) are read as their plain values.
 """
 
@@ -14,10 +14,10 @@ import jax
 from paramreg_jax._src import errors
 from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src import registry as registry_lib
-from paramreg_jax._src.keyed import ParamIndex
-from paramreg_jax._src.keyed import _is_masked
-from paramreg_jax._src.keyed import mirrors
-from paramreg_jax._src.keyed import optimizer_state
+from paramreg_jax._src.optim.keyed import ParamIndex
+from paramreg_jax._src.optim.keyed import _is_masked
+from paramreg_jax._src.optim.keyed import mirrors
+from paramreg_jax._src.optim.keyed import optimizer_state
 
 
 def _is_nnx(x: Any) -> bool:

@@ -32,8 +32,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
 
 
 def _private_transfer() -> Any:
@@ -163,7 +163,7 @@ def layout(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> Layout:
 
   Examples:
     >>> import jax
-    >>> from paramreg_jax._src.transfer import layout
+    >>> from paramreg_jax._src.restore.transfer import layout
     >>> device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     >>> lay = layout(device, (4, 6))
     >>> lay.grid, lay.regions
@@ -187,7 +187,7 @@ def assembler(
 
   Examples:
     >>> import jax, numpy as np
-    >>> from paramreg_jax._src.transfer import assembler, layout
+    >>> from paramreg_jax._src.restore.transfer import assembler, layout
     >>> sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     >>> make = assembler((2,), np.float32, sharding)
     >>> make(layout(sharding, (2,)).devices, [np.ones(2, np.float32)]).tolist()

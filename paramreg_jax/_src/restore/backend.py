@@ -7,13 +7,13 @@ flow ``source -> plan -> materialize -> bind``:
    is compiled with the weight's recipe into reads and one function
    (:mod:`paramreg_jax._src.recipes.compiler`);
 2. the reads are widened to storage granules and merged into blocks, packed into windows that
-   fit the host-memory budget (:mod:`paramreg_jax._src.reads`): a chunk is read once per
+   fit the host-memory budget (:mod:`paramreg_jax._src.restore.reads`): a chunk is read once per
    process, whatever number of shards need it;
 3. while the next windows are read, the current window's shards are built by a thread pool (a
    strided copy each, into 64-byte aligned buffers); a shard that is exactly one read is handed
    over as read;
 4. each weight whose shards are all in one window becomes its global array in one batched
-   transfer (:mod:`paramreg_jax._src.transfer`; on CPU the devices adopt the aligned buffers:
+   transfer (:mod:`paramreg_jax._src.restore.transfer`; on CPU the devices adopt the aligned buffers:
    no copy); the shards of a weight spread over windows go to their devices window by window
    and are assembled at the end.
 
@@ -45,13 +45,13 @@ import jax
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import reads as reads_lib
-from paramreg_jax._src import selection as sel_lib
-from paramreg_jax._src import source as source_lib
-from paramreg_jax._src import target as target_lib
-from paramreg_jax._src import transfer
 from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.restore import reads as reads_lib
+from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.restore import transfer
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
 
 _MIB = 1 << 20
 # Windows alive at once: being read, read and waiting, being built. Each gets 1/_DEPTH of the
@@ -68,7 +68,7 @@ def default_max_inflight_bytes() -> int:
   raises the peak. A single shard whose blocks are larger is still read whole.
 
   Examples:
-    >>> from paramreg_jax._src.backend import default_max_inflight_bytes
+    >>> from paramreg_jax._src.restore.backend import default_max_inflight_bytes
     >>> 4 << 20 <= default_max_inflight_bytes() <= 16 << 20
     True
   """
@@ -179,7 +179,7 @@ class JaxBackend:
   Examples:
     >>> import jax, numpy as np
     >>> from paramreg_jax import JaxBackend
-    >>> from paramreg_jax._src.backend import MaterializationContext
+    >>> from paramreg_jax._src.restore.backend import MaterializationContext
     >>> from paramreg_jax.sources import MemorySource
     >>> src = MemorySource({"w": np.arange(8, dtype=np.float32)})
     >>> slot = jax.ShapeDtypeStruct((8,), np.float32, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))

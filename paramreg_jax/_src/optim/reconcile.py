@@ -20,20 +20,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from paramreg_jax._src import align
 from paramreg_jax._src import api_types
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
-from paramreg_jax._src import keyed as keyed_lib
 from paramreg_jax._src import keys as keys_lib
-from paramreg_jax._src import resize as resize_lib
-from paramreg_jax._src.state_layout import Layout
-from paramreg_jax._src.state_layout import OldState
-from paramreg_jax._src.state_layout import matching_form
-from paramreg_jax._src.state_layout import new_layout
-from paramreg_jax._src.state_layout import read_old_state
-from paramreg_jax._src.state_layout import spec
-from paramreg_jax._src.surgery import SurgeryReport
+from paramreg_jax._src.optim import align
+from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.optim import resize as resize_lib
+from paramreg_jax._src.optim.report import SurgeryReport
+from paramreg_jax._src.optim.state_layout import Layout
+from paramreg_jax._src.optim.state_layout import OldState
+from paramreg_jax._src.optim.state_layout import matching_form
+from paramreg_jax._src.optim.state_layout import new_layout
+from paramreg_jax._src.optim.state_layout import read_old_state
+from paramreg_jax._src.optim.state_layout import spec
 
 Path = keyed_lib.Path
 

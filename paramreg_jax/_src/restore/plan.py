@@ -19,13 +19,13 @@ import jax
 import numpy as np
 
 from paramreg_jax._src import api_types
-from paramreg_jax._src import backend as backend_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src import patterns as patterns_lib
-from paramreg_jax._src import source as source_lib
-from paramreg_jax._src import target as target_lib
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
+from paramreg_jax._src.restore import backend as backend_lib
+from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources import base as source_lib
 
 DtypePolicy = api_types.DtypePolicy
 

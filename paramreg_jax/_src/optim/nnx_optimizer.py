@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import keyed as keyed_lib
-from paramreg_jax._src.reconcile import reconcile
-from paramreg_jax._src.surgery import SurgeryReport
+from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.optim.reconcile import reconcile
+from paramreg_jax._src.optim.report import SurgeryReport
 
 
 def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: Any) -> SurgeryReport:
