@@ -34,14 +34,14 @@ class Mutation:
 MUTATIONS = (
   Mutation(
     "bind publishes before validating",
-    "paramreg_jax/_src/restore/restore.py",
-    "from None\n  return _bind(leaves, treedef, slots, unit, exclude, backend)\n",
+    "paramreg_jax/_src/restore/bind.py",
+    "from None\n  return bind_slots(leaves, treedef, slots, unit, exclude, backend)\n",
     "from None\n"
     "  if isinstance(target, dict):\n"
     "    for s in slots:\n"
     "      if s.key in unit and '/' not in s.name:\n"
     "        target[s.name] = unit[s.key]\n"
-    "  return _bind(leaves, treedef, slots, unit, exclude, backend)\n",
+    "  return bind_slots(leaves, treedef, slots, unit, exclude, backend)\n",
     ("tests/test_restore.py", "-k", "missing_and_unexpected or changed_topology"),
   ),
   Mutation(

@@ -19,6 +19,7 @@ from safetensors.numpy import save_file
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
+from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax.sources import MemorySource
 from paramreg_jax.sources import SafetensorsSource
 
@@ -36,8 +37,8 @@ def sds(shape, dtype=np.float32):
 
 def values(tree):
   """``{name: numpy array}`` of a restored tree (names as the target's)."""
-  _, _, slots = prj._src.target.slots(tree)
-  leaves = jax.tree_util.tree_leaves(prj._src.target.as_state(tree))
+  _, _, slots = target_lib.slots(tree)
+  leaves = jax.tree_util.tree_leaves(target_lib.as_state(tree))
   return {s.name: np.asarray(leaves[s.position]) for s in slots}
 
 

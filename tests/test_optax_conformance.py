@@ -13,7 +13,7 @@ import sys
 
 import optax
 
-import paramreg_jax as prj
+from paramreg_jax._src.optim import keyed as keyed_lib
 
 HERE = pathlib.Path(__file__).parent
 SHIPPED = pathlib.Path(optax.__file__).parent / "_src" / "alias_test.py"
@@ -27,8 +27,8 @@ def test_the_shim_wraps_every_factory():
   finally:
     sys.path.remove(str(HERE))
   for name in ("adam", "sgd", "adafactor", "lion"):
-    assert prj._src.keyed.keyed_info(getattr(alias, name)(1e-3)) is not None, name
-  assert prj._src.keyed.keyed_info(alias.lbfgs()) is not None
+    assert keyed_lib.keyed_info(getattr(alias, name)(1e-3)) is not None, name
+  assert keyed_lib.keyed_info(alias.lbfgs()) is not None
   assert alias.adam is not optax.adam and alias.base is optax._src.base  # modules pass through
 
 

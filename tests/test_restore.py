@@ -732,6 +732,7 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
   import time
 
   from paramreg_jax._src.recipes import compiler
+  from paramreg_jax._src.recipes import inference
   from paramreg_jax._src.restore import reads
 
   device = jax.devices()[0]
@@ -741,7 +742,9 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
     tasks = []
     for i in range(n):
       r = R.source(f"w{i}")
-      program = compiler.compile_shard(r, compiler.infer_all(r, src), ((0, 4),))
+      metas: dict = {}
+      inference.infer(r, src, memo=metas)
+      program = compiler.compile_shard(r, metas, ((0, 4),))
       tasks.append(reads.Task(i, [device], program))
     best = float("inf")
     for _ in range(3):

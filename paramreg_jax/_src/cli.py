@@ -284,7 +284,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
   """Parameters (an orbax checkpoint in the target's layout) -> the layout of ``--like``."""
   from paramreg_jax._src.export.driver import export
-  from paramreg_jax._src.restore.restore import restore
+  from paramreg_jax._src.restore.pipeline import restore
 
   target, options = _load_target(args.target)
   like = open_source(args.like)

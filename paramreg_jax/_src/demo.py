@@ -26,8 +26,9 @@ from paramreg_jax._src import registry
 from paramreg_jax._src.optim import keyed as keyed_lib
 from paramreg_jax._src.optim import reconcile as reconcile_lib
 from paramreg_jax._src.optim import state_access
+from paramreg_jax._src.restore import bind as bind_lib
+from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore.plan import plan_restore
-from paramreg_jax._src.restore.restore import restore as restore_lib
 from paramreg_jax._src.sources.orbax import OrbaxSource
 
 
@@ -178,8 +179,8 @@ def run(*, workdir: str | None = None) -> None:
     say("5. Materialize into the new mesh, then bind all or nothing")
     fresh = nnx.state(Net(hidden=2, head="readout", rngs=nnx.Rngs(1)), nnx.Param)
     fresh = jax.device_put(fresh, shardings)  # the new layer keeps this initialisation
-    unit = restore_lib.materialize(plan)
-    new_params = restore_lib.bind(fresh, unit, exclude=["hidden/1/**"])
+    unit = materialize_lib.materialize(plan)
+    new_params = bind_lib.bind(fresh, unit, exclude=["hidden/1/**"])
     kernel = new_params["readout"]["kernel"].value
     print(
       f"   {len(unit)} weights built, {src.stats.bytes_read} bytes read; readout/kernel on "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -181,3 +182,15 @@ def mask_by_pattern(
       f"{names[0] if names else '<none>'!r}):" + errors.bullet_list(repr(p) for p in unused)
     )
   return treedef.unflatten(mask)
+
+
+def exclude_matcher(exclude: Any) -> Callable[[str], bool]:
+  """``exclude`` (globs over names, or a predicate on names) as a predicate."""
+  if exclude is None:
+    return lambda name: False
+  if callable(exclude):
+    return exclude
+  if isinstance(exclude, str):
+    exclude = [exclude]
+  regexes = [glob_to_regex(p) for p in exclude]
+  return lambda name: any(r.fullmatch(name) for r in regexes)

@@ -18,15 +18,15 @@ from paramreg_jax._src.errors import SelectionError
 from paramreg_jax._src.errors import UnknownSourceKeyError
 from paramreg_jax._src.errors import UnsupportedDtypeError
 from paramreg_jax._src.errors import ZeroSizedOutputError
+from paramreg_jax._src.recipes.inference import infer
+from paramreg_jax._src.recipes.inference import source_keys
 from paramreg_jax._src.recipes.ops import Recipe
 from paramreg_jax._src.recipes.ops import cast
 from paramreg_jax._src.recipes.ops import concatenate
-from paramreg_jax._src.recipes.ops import infer
 from paramreg_jax._src.recipes.ops import neg_log
 from paramreg_jax._src.recipes.ops import reshape
 from paramreg_jax._src.recipes.ops import select
 from paramreg_jax._src.recipes.ops import source
-from paramreg_jax._src.recipes.ops import source_keys
 from paramreg_jax._src.recipes.ops import stack
 from paramreg_jax._src.recipes.ops import subtract_one
 from paramreg_jax._src.recipes.ops import transpose

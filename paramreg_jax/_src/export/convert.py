@@ -18,8 +18,9 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.export.staging import Staging
 from paramreg_jax._src.export.staging import check_destination
 from paramreg_jax._src.export.staging import published
+from paramreg_jax._src.restore import bind as bind_lib
+from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore import plan as plan_lib
-from paramreg_jax._src.restore.restore import restore as restore_lib
 from paramreg_jax._src.sources import base as source_lib
 
 
@@ -99,8 +100,8 @@ def convert(
     exclude=exclude,
     dtype_policy=dtype_policy,
   )
-  unit = restore_lib.materialize(plan, max_inflight_bytes=max_inflight_bytes, progress=progress)
-  params = restore_lib.bind(target, unit, exclude=exclude)
+  unit = materialize_lib.materialize(plan, max_inflight_bytes=max_inflight_bytes, progress=progress)
+  params = bind_lib.bind(target, unit, exclude=exclude)
   del unit
   _save(final, params, overwrite)
   return plan

@@ -4,11 +4,12 @@ A recipe builds a parameter from checkpoint tensors. :func:`invert` walks it fro
 returns :class:`Placement` values: "apply these ops to the parameter's value, and the result is
 this region of that checkpoint tensor". Only metadata is used; nothing is read or computed.
 
-Every op has an exact inverse except the selections: a ``select`` (or a ``source`` selection)
-places its value in part of the tensor, and the export plan checks that the parts of each
-tensor are covered. A ``select`` that keeps part of a ``reshape``, ``view``, ``concatenate`` or
-``stack`` has no place in the stored tensor and is refused.
-``neg_log`` inverts to ``-exp`` and ``subtract_one`` to ``+ 1``: exact up to float rounding.
+Each op's ``invert`` rule (its file in ``recipes/ops/``) says where its output goes. Every op
+has an exact inverse except the selections: a ``select`` (or a ``source`` selection) places its
+value in part of the tensor, and the export plan checks that the parts of each tensor are
+covered. A ``select`` that keeps part of a ``reshape``, ``view``, ``concatenate`` or ``stack``
+has no place in the stored tensor and is refused. ``neg_log`` inverts to ``-exp`` and
+``subtract_one`` to ``+ 1``: exact up to float rounding.
 """
 
 from __future__ import annotations
@@ -18,16 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
 
-# One axis of a region: None (all of it), (start, stop), or a tuple of indices (in output order).
-AxisRegion = None | tuple[int, int] | tuple[tuple[int, ...]]
-Region = tuple[Any, ...]
-
-
-class NotInvertible(Exception):
-  """A recipe node that cannot be run backwards; ``str`` says which and why."""
+NotInvertible = ops.NotInvertible
+Region = base.InverseRegion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +36,8 @@ class Placement:
     key: the checkpoint tensor.
     region: one entry per axis of that tensor: ``None`` (whole axis), ``("range", start,
       stop)`` or ``("indices", (i, ...))``.
-    ops: ``(name, *args)`` steps from the parameter's value to the piece's value.
+    ops: ``(name, *args)`` steps from the parameter's value to the piece's value (each an
+      op's :class:`InverseStep`, ``ops.INVERSE_STEPS[name]``).
     shape: the piece's shape (the region's shape), dtype: the tensor's dtype.
   """
 
@@ -49,30 +48,49 @@ class Placement:
   dtype: np.dtype
 
 
-def _compose(region: Region, selection: Any, shape: tuple[int, ...]) -> Region:
-  """``region`` (in the selection's output coordinates) in its input's coordinates."""
-  if isinstance(selection, sel_lib.Full):
-    return region
-  axis = selection.axis
-  inner = region[axis]
-  if isinstance(selection, sel_lib.Range):
-    base = list(range(selection.start, selection.stop))
-  else:
-    base = list(selection.indices)
-  if inner is None:
-    picked = base
-  elif inner[0] == "range":
-    picked = base[inner[1] : inner[2]]
-  else:
-    picked = [base[i] for i in inner[1]]
-  out = list(region)
-  if picked == list(range(picked[0], picked[0] + len(picked))):
-    out[axis] = (
-      None if len(picked) == shape[axis] else ("range", picked[0], picked[0] + len(picked))
-    )
-  else:
-    out[axis] = ("indices", tuple(picked))
-  return tuple(out)
+class _Walking:
+  """The inverter's side of :class:`base.Walking`: metadata, and the placements so far."""
+
+  def __init__(self, src: Any, metas: inference.Metas):
+    self.src = src
+    self.metas = metas
+    self.out: list[Placement] = []
+
+  def meta(self, node: ops.Recipe) -> base.Meta:
+    return self.metas[id(node)]
+
+  def stored(self, key: str) -> base.Meta:
+    return self.src.metadata(key)
+
+  def walk(self, node: ops.Recipe, region: Region, steps: base.Steps) -> None:
+    node.invert(region, steps, self)
+
+  def place(self, key: str, region: Region, steps: base.Steps) -> None:
+    stored = self.stored(key)
+    shape = _region_shape(region, tuple(stored.shape))
+    self.out.append(Placement(key, region, steps, shape, np.dtype(stored.dtype)))
+
+  def compose(self, region: Region, selection: Any, shape: tuple[int, ...]) -> Region:
+    """``region`` (in the selection's output coordinates) in its input's coordinates."""
+    if isinstance(selection, sel_lib.Full):
+      return region
+    axis = selection.axis
+    inner = region[axis]
+    if isinstance(selection, sel_lib.Range):
+      picked = list(range(selection.start, selection.stop))
+    else:
+      picked = list(selection.indices)
+    if inner is not None and inner[0] == "range":
+      picked = picked[inner[1] : inner[2]]
+    elif inner is not None:
+      picked = [picked[i] for i in inner[1]]
+    out = list(region)
+    if picked == list(range(picked[0], picked[0] + len(picked))):
+      whole = len(picked) == shape[axis]
+      out[axis] = None if whole else ("range", picked[0], picked[0] + len(picked))
+    else:
+      out[axis] = ("indices", tuple(picked))
+    return tuple(out)
 
 
 def _region_shape(region: Region, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -102,108 +120,23 @@ def invert(recipe: ops.Recipe, src: Any) -> list[Placement]:
     >>> p.key, p.region, p.ops
     ('qkv', (('range', 2, 4), None), (('transpose', (1, 0)),))
   """
-  out: list[Placement] = []
-  memo: dict[int, Any] = {}
-  meta = ops._infer(recipe, src, memo)  # validates the recipe against the metadata once
-  _walk(recipe, src, memo, (None,) * len(meta.shape), (), out)
-  return out
-
-
-def _walk(
-  node: ops.Recipe,
-  src: Any,
-  memo: dict[int, Any],
-  region: Region,
-  steps: tuple[tuple[Any, ...], ...],
-  out: list,
-) -> None:
-  meta = ops._infer(node, src, memo)
-  full = all(r is None for r in region)
-  if isinstance(node, ops.Source):
-    stored = src.metadata(node.key)
-    placed = _compose(region, node.selection, tuple(stored.shape))
-    shape = _region_shape(placed, tuple(stored.shape))
-    out.append(Placement(node.key, placed, steps, shape, np.dtype(stored.dtype)))
-    return
-  if isinstance(node, ops.Select):
-    inner = ops._infer(node.input, src, memo)
-    _walk(node.input, src, memo, _compose(region, node.selection, tuple(inner.shape)), steps, out)
-    return
-  if isinstance(node, ops.Transpose):
-    back = tuple(int(i) for i in np.argsort(node.axes))
-    moved = [None] * len(region)
-    for i, axis in enumerate(node.axes):
-      moved[axis] = region[i]
-    _walk(node.input, src, memo, tuple(moved), (*steps, ("transpose", back)), out)
-    return
-  if isinstance(node, ops.Cast):
-    inner = ops._infer(node.input, src, memo)
-    _walk(node.input, src, memo, region, (*steps, ("astype", np.dtype(inner.dtype))), out)
-    return
-  if isinstance(node, ops.NegLog):
-    _walk(node.input, src, memo, region, (*steps, ("neg_exp",)), out)
-    return
-  if isinstance(node, ops.SubtractOne):
-    _walk(node.input, src, memo, region, (*steps, ("add_one",)), out)
-    return
-  if not full:
-    raise NotInvertible(
-      f"{node}: a select above it keeps part of its output, and part of a "
-      f"{type(node).__name__.lower()} has no place in the stored tensor (select the stored "
-      "tensor before reshaping or joining instead)"
-    )
-  if isinstance(node, ops.Reshape):
-    inner = ops._infer(node.input, src, memo)
-    shape = tuple(inner.shape)
-    _walk(node.input, src, memo, (None,) * len(shape), (*steps, ("reshape", shape)), out)
-    return
-  if isinstance(node, ops.View):
-    inner = ops._infer(node.input, src, memo)
-    shape = tuple(inner.shape)
-    view_step: tuple[Any, ...] = ("view", np.dtype(inner.dtype), shape)
-    _walk(node.input, src, memo, (None,) * len(shape), (*steps, view_step), out)
-    return
-  if isinstance(node, ops.Concatenate):
-    offset = 0
-    for child in node.inputs:
-      n = ops._infer(child, src, memo).shape[node.axis]
-      step = ("slice", node.axis, offset, offset + n)
-      _walk(child, src, memo, (None,) * len(meta.shape), (*steps, step), out)
-      offset += n
-    return
-  if isinstance(node, ops.Stack):
-    for i, child in enumerate(node.inputs):
-      rank = len(ops._infer(child, src, memo).shape)
-      _walk(child, src, memo, (None,) * rank, (*steps, ("take", node.axis, i)), out)
-    return
-  raise NotInvertible(f"{node}: no inverse for {type(node).__name__}")
+  metas: inference.Metas = {}
+  meta = inference.infer(recipe, src, memo=metas)  # validates the recipe once
+  walking = _Walking(src, metas)
+  walking.walk(recipe, base.whole(len(meta.shape)), ())
+  return walking.out
 
 
 def apply(steps: tuple[tuple[Any, ...], ...], value: np.ndarray) -> np.ndarray:
   """Runs a placement's ``ops`` on a parameter's value (host numpy)."""
-  for step in steps:
-    name = step[0]
-    if name == "transpose":
-      value = np.transpose(value, step[1])
-    elif name == "astype":
-      value = value.astype(step[1], copy=False)
-    elif name == "reshape":
-      value = np.reshape(value, step[1])
-    elif name == "view":
-      value = np.ascontiguousarray(value).view(step[1]).reshape(step[2])
-    elif name == "slice":
-      index = [slice(None)] * value.ndim
-      index[step[1]] = slice(step[2], step[3])
-      value = value[tuple(index)]
-    elif name == "take":
-      value = np.take(value, step[2], axis=step[1])
-    elif name == "neg_exp":
-      value = -np.exp(value)
-    elif name == "add_one":
-      value = value + np.ones((), value.dtype)
-    else:  # pragma: no cover - the walk above makes only these
-      raise AssertionError(step)
+  for name, *args in steps:
+    value = ops.INVERSE_STEPS[name].apply(value, *args)
   return value
+
+
+def describe(steps: tuple[tuple[Any, ...], ...]) -> list[str]:
+  """Each step of a placement's ``ops`` in words."""
+  return [ops.INVERSE_STEPS[name].describe(*args) for name, *args in steps]
 
 
 def leading_region(

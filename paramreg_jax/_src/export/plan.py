@@ -128,22 +128,7 @@ class ExportPlan:
 
 
 def _describe(p: inv.Placement) -> str:
-  parts = []
-  for step in p.ops:
-    if step[0] == "transpose":
-      parts.append(f"transpose {step[1]}")
-    elif step[0] == "astype":
-      parts.append(f"cast {step[1]}")
-    elif step[0] == "reshape":
-      parts.append(f"reshape {step[1]}")
-    elif step[0] == "view":
-      parts.append(f"view {step[1]}")
-    elif step[0] == "slice":
-      parts.append(f"[{step[2]}:{step[3]} on axis {step[1]}]")
-    elif step[0] == "take":
-      parts.append(f"[{step[2]} on axis {step[1]}]")
-    else:
-      parts.append(step[0])
+  parts = inv.describe(p.ops)
   for axis, r in enumerate(p.region):
     if r is not None and r[0] == "range":
       parts.append(f"-> {r[1]}:{r[2]} on axis {axis}")

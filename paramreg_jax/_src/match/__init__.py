@@ -41,6 +41,7 @@ from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
@@ -142,7 +143,7 @@ def _decide(
 ) -> tuple[dict[str, Proposal], list[str]]:
   """The proposals and the problems, from the evidence and the hints (a pure function of
   them: ``match`` runs it once more without hints to report what the hints changed)."""
-  proposals = {n: Proposal(n, r, "hint", ops.source_keys(r)) for n, r in recipe_hints.items()}
+  proposals = {n: Proposal(n, r, "hint", inference.source_keys(r)) for n, r in recipe_hints.items()}
   ranked: dict[str, list[cand_lib.Candidate]] = {}
   for slot in slots:
     if slot.name in name_hints:

@@ -17,6 +17,7 @@ from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.selection import Indices
 from paramreg_jax._src.sources.selection import Range
@@ -400,7 +401,7 @@ def cast_to_targets(slots: list[Any], proposals: dict[str, Proposal], source: An
     if p is None or p.recipe is None or p.reason.startswith("hint"):
       continue
     want = np.dtype(slot.dtype)
-    if ops.infer(p.recipe, source).dtype != want:
+    if inference.infer(p.recipe, source).dtype != want:
       recipe = ops.cast(p.recipe, want)
       proposals[slot.name] = dataclasses.replace(
         p, recipe=recipe, reason=f"{p.reason}, cast to {want.name}"

@@ -23,6 +23,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 
 
@@ -82,8 +83,8 @@ def check(
       named[name] = found
       continue
     try:
-      recipe = ops._check_recipe(hint, f"hint for {name!r}")
-      meta = ops.infer(recipe, source)
+      recipe = ops.check_recipe(hint, f"hint for {name!r}")
+      meta = inference.infer(recipe, source)
     except errors.RecipeError as e:
       bad.append(f"hint for {name!r}: {e}")
       continue
@@ -128,7 +129,7 @@ def _misoriented(
     return None
   linear = [
     k
-    for k in ops.source_keys(recipe)
+    for k in inference.source_keys(recipe)
     if k in ck.concepts and evidence.is_linear(ck.concepts[k], ck.shapes[k])
   ]
   if not linear:

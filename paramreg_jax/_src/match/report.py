@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -147,71 +146,6 @@ class Match(sets.RecipeSet):
     return "\n".join(lines)
 
 
-def _layer_loop(codes: list[str]) -> str | None:
-  """``[<code of layer i> for i in range(n)]`` when the codes differ only in the layer number
-  of their checkpoint keys (``.3.``, ``/3/``, ``_3.``), else None."""
-  for sep_l, sep_r in ((".", "."), ("/", "/"), ("_", "."), ("_", "/")):
-    template = codes[0].replace(f"{sep_l}0{sep_r}", f"{sep_l}{{i}}{sep_r}")
-    if template == codes[0]:
-      continue
-    if all(template.replace("{i}", str(i)) == c for i, c in enumerate(codes)):
-      in_keys = sum(k.count("{i}") for k in re.findall(r"R\.source\('([^']*)'", template))
-      if in_keys == template.count("{i}"):  # the number only ever varies inside the keys
-        loop = template.replace("R.source('", "R.source(f'")
-        return f"[{loop} for i in range({len(codes)})]"
-  return None
-
-
-def indices_code(indices: tuple[int, ...]) -> str:
-  """Python for ``indices``: equal runs at a fixed stride (how every per-head, grouped or
-  blocked fused layout selects its rows) as one comprehension, else the list.
-
-  Examples:
-    >>> from paramreg_jax._src.match.report import indices_code
-    >>> indices_code((0, 1, 6, 7, 12, 13))
-    '[r + c for r in range(0, 18, 6) for c in range(2)]'
-  """
-  runs: list[tuple[int, int]] = []  # (start, length)
-  for i in indices:
-    if runs and i == runs[-1][0] + runs[-1][1]:
-      runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-    else:
-      runs.append((i, 1))
-  lengths = {n for _, n in runs}
-  strides = {b[0] - a[0] for a, b in zip(runs, runs[1:])}
-  if len(runs) > 1 and len(lengths) == 1 and len(strides) == 1 and min(strides) > 0:
-    (n,), (stride,) = lengths, strides
-    stop = runs[-1][0] + stride
-    return f"[r + c for r in range({runs[0][0]}, {stop}, {stride}) for c in range({n})]"
-  return str(list(indices))
-
-
-def _selection_code(sel: Any) -> str | None:
-  if isinstance(sel, ops.sel_lib.Range):
-    return f"prj.Range({sel.axis}, {sel.start}, {sel.stop})"
-  if isinstance(sel, ops.sel_lib.Indices):
-    return f"prj.Indices({sel.axis}, {indices_code(sel.indices)})"
-  return None
-
-
 def code(r: ops.Recipe) -> str:
   """Python source that builds ``r`` with ``paramreg_jax.recipes as R``."""
-  if isinstance(r, ops.Source):
-    sel = _selection_code(r.selection)
-    return f"R.source({r.key!r}, {sel})" if sel else f"R.source({r.key!r})"
-  if isinstance(r, ops.Select):
-    return f"R.select({code(r.input)}, {_selection_code(r.selection)})"
-  if isinstance(r, ops.Transpose):
-    return f"R.transpose({code(r.input)}, {r.axes})"
-  if isinstance(r, ops.Reshape):
-    return f"R.reshape({code(r.input)}, {r.shape})"
-  if isinstance(r, ops.Stack):
-    codes = [code(x) for x in r.inputs]
-    loop = _layer_loop(codes)
-    inner = loop or "[" + ", ".join(codes) + "]"
-    return f"R.stack({inner}, axis={r.axis})"
-  if isinstance(r, ops.Concatenate):
-    return "R.concatenate([" + ", ".join(code(x) for x in r.inputs) + f"], axis={r.axis})"
-  if isinstance(r, ops.Cast):
-    return f"R.cast({code(r.input)}, {r.dtype.name!r})"
-  raise TypeError(f"match does not emit {type(r).__name__}")
+  return r.code(code)

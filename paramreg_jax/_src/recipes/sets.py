@@ -91,7 +91,7 @@ def fused_split(
   """
   if not isinstance(key, str) or not key.strip():
     raise errors.EmptySourceKeyError(f"fused_split({key!r}): the key must be a non-empty string")
-  axis = ops._axis(axis, "axis")
+  axis = ops.check_axis(axis, "axis")
   items = tuple(widths.items() if isinstance(widths, Mapping) else widths)
   if not items:
     raise errors.RecipeSetError(f"fused_split({key!r}): no outputs; give {{target: width}}")
@@ -257,7 +257,7 @@ class RecipeSet(Mapping[str, ops.Recipe]):
         raise errors.RecipeSetError(
           f"target {target!r} has two recipes; give each target one recipe"
         )
-      self._outputs[target] = ops._check_recipe(recipe, f"the recipe for {target!r}")
+      self._outputs[target] = ops.check_recipe(recipe, f"the recipe for {target!r}")
     self.aliases = resolve_aliases(aliases or {}, set(self._outputs))
     if isinstance(ignore, str):
       raise errors.RecipeSetError(f"ignore= takes a list of checkpoint keys, got {ignore!r}")

@@ -46,6 +46,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import compiler
+from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import reads as reads_lib
 from paramreg_jax._src.restore import target as target_lib
@@ -203,7 +204,7 @@ class JaxBackend:
 
   def preflight_recipe(self, recipe: ops.Recipe, source: Any) -> None:
     """Metadata-only: the recipe infers, and JAX can hold its dtype as it is."""
-    meta = ops.infer(recipe, source)
+    meta = inference.infer(recipe, source)
     canonical = jax.dtypes.canonicalize_dtype(meta.dtype)
     if canonical != meta.dtype:
       raise errors.UnsupportedDtypeError(
@@ -578,7 +579,8 @@ def _tasks(
   recipe, context = request
   shape, dtype = tuple(context.shape), np.dtype(context.dtype)
   try:
-    metas = compiler.infer_all(recipe, source)
+    metas: inference.Metas = {}
+    inference.infer(recipe, source, memo=metas)
   except errors.ParamRegError as e:
     raise errors.MaterializationError(f"{context.key}: {e}", context.key) from e
   meta = metas[id(recipe)]
@@ -832,7 +834,8 @@ def evaluate(recipe: ops.Recipe, src: Any, index: Any = None) -> np.ndarray:
     >>> recipes.evaluate(r, src, (slice(1, 3),)).tolist(), src.stats.bytes_read
     ([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], 24)
   """
-  metas = compiler.infer_all(recipe, src)
+  metas: inference.Metas = {}
+  inference.infer(recipe, src, memo=metas)
   region = sel_lib.normalize_index(index, metas[id(recipe)].shape, where=str(recipe))
   program = compiler.compile_shard(recipe, metas, region)
   (window,) = reads_lib.windows([reads_lib.Task(0, [], program)], src, 1 << 62)

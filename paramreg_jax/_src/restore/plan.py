@@ -21,6 +21,7 @@ import numpy as np
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src import patterns as patterns_lib
+from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
 from paramreg_jax._src.restore import backend as backend_lib
@@ -180,18 +181,6 @@ class RestorePlan:
     }
 
 
-def _matcher(exclude: Any) -> Callable[[str], bool]:
-  """``exclude`` (globs over names, or a predicate on names) as a predicate."""
-  if exclude is None:
-    return lambda name: False
-  if callable(exclude):
-    return exclude
-  if isinstance(exclude, str):
-    exclude = [exclude]
-  regexes = [patterns_lib.glob_to_regex(p) for p in exclude]
-  return lambda name: any(r.fullmatch(name) for r in regexes)
-
-
 def _strip(name: str) -> str:
   return name[2:] if name.startswith("n:") else name
 
@@ -224,7 +213,7 @@ def _recipes(recipes: Any) -> tuple[dict[str, ops.Recipe], list[sets.FusedSplit]
         raise errors.RestorePlanError(
           f"target {name!r} has two recipes", (f"n:{name}: two recipes",)
         )
-      out[name] = ops._check_recipe(recipe, f"the recipe for {name!r}")
+      out[name] = ops.check_recipe(recipe, f"the recipe for {name!r}")
   return out, splits, {}
 
 
@@ -307,7 +296,9 @@ def plan_slots(
         f"aliases map a parameter name to its owner's name (strings), got {a!r}: {o!r}"
       )
   alias_map = {_strip(a): _strip(o) for a, o in {**set_aliases, **(aliases or {})}.items()}
-  p = _Planning(source, slots, _matcher(exclude), recipe_map, alias_map, dtype_policy)
+  p = _Planning(
+    source, slots, patterns_lib.exclude_matcher(exclude), recipe_map, alias_map, dtype_policy
+  )
   renamed, dropped = _resolve_names(p, rename)
   dropped += list(getattr(recipes, "ignored_keys", ()))  # a match's deliberately unused keys
   _check_declarations(p, splits)
@@ -348,7 +339,7 @@ class _Planning:
     self.by_name = {s.name: s for s in self.slots}
     # A recipe's misspelt key is reported once, with "did you mean"; the key it most likely
     # meant is not reported again as uncovered by the rename rules or as unused.
-    self.by_recipes = {k for r in self.recipes.values() for k in ops.source_keys(r)}
+    self.by_recipes = {k for r in self.recipes.values() for k in inference.source_keys(r)}
     self.meant = {
       m
       for k in self.by_recipes - set(self.source_keys)
@@ -395,7 +386,11 @@ def _plan_entries(p: _Planning, renamed: dict[str, str]) -> list[str]:
       continue
     recipe = p.recipes.get(slot.name)
     reads = (
-      ops.source_keys(recipe) if recipe else [renamed[slot.name]] if slot.name in renamed else []
+      inference.source_keys(recipe)
+      if recipe
+      else [renamed[slot.name]]
+      if slot.name in renamed
+      else []
     )
     if not _slot_is_placeable(p, slot):
       p.used.update(reads)  # what it would read is accounted for, not "unused"
@@ -518,7 +513,7 @@ def _plan_direct(p: _Planning, slot: target_lib.Slot, key: str) -> PlanEntry | N
 def _plan_recipe(p: _Planning, slot: target_lib.Slot, recipe: ops.Recipe) -> PlanEntry | None:
   try:
     backend_lib.JaxBackend().preflight_recipe(recipe, p.source)
-    meta = ops.infer(recipe, p.source)
+    meta = inference.infer(recipe, p.source)
   except errors.RecipeError as e:
     p.problems.append(f"{slot.key}: {e}")
     return None

@@ -151,10 +151,11 @@ def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Windo
     >>> from paramreg_jax import recipes as R
     >>> from paramreg_jax.sources import MemorySource
     >>> from paramreg_jax._src.restore import reads
-    >>> from paramreg_jax._src.recipes import compiler
+    >>> from paramreg_jax._src.recipes import compiler, inference
     >>> src = MemorySource({"w": np.zeros((4, 4), np.float32)})
     >>> r = R.source("w")
-    >>> metas = compiler.infer_all(r, src)
+    >>> metas = {}
+    >>> _ = inference.infer(r, src, memo=metas)
     >>> halves = [((0, 4), (0, 2)), ((0, 4), (2, 4)), ((0, 4), (1, 3))]
     >>> tasks = [reads.Task(0, [], compiler.compile_shard(r, metas, h)) for h in halves]
     >>> [w.blocks for w in reads.windows(tasks, src, 1 << 20)]  # the middle box joins both

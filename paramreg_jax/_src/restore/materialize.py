@@ -1,9 +1,7 @@
-"""``materialize`` → ``MaterializedUnit`` → ``bind``: build every weight, then publish atomically.
+"""``materialize``: every planned weight read and built; nothing kept on a failure.
 
-``materialize`` reads and builds every planned weight (aliases share their owner's array) and
-never touches the target; any failure drops everything built so far. ``bind`` validates the
-whole unit against the target (coverage, duplicates, shape, dtype, sharding) and only then
-returns a new tree by functional replacement, so publication is all or nothing.
+``materialize`` reads and builds every planned weight through the backend (aliases share their
+owner's array) and never touches the target; any failure drops everything built so far.
 """
 
 from __future__ import annotations
@@ -18,13 +16,11 @@ from typing import Any
 
 import jax
 
-from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.sources import base as source_lib
 
 
 class MaterializedUnit(Mapping[str, jax.Array]):
@@ -79,7 +75,7 @@ def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[i
 
 
 @contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> Iterator[None]:
   """Python's cycle collector paused while weights are built: every task, program and array
   the restore allocates would otherwise trigger generation scans of the whole heap (10,000 small
   tensors: 1.5-2.0 s with it, 1.2 s without). Reference counting still frees everything; the
@@ -147,7 +143,7 @@ def materialize(
   owners = [e for e in plan.entries if e.kind != "alias"]
   weights: dict[str, Any] = {}
   key = None
-  with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes, _no_cyclic_gc():
+  with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes, no_cyclic_gc():
     base = backend_lib.MaterializationContext(
       "", (), jax.numpy.float32, target_lib.default_sharding(), max_inflight_bytes, on_bytes
     )
@@ -204,130 +200,3 @@ def materialize(
         f"{key}: {type(e).__name__}: {e}; nothing was kept, the target is untouched", key
       ) from e
   return MaterializedUnit(weights)
-
-
-def bind(
-  target: api_types.PyTree,
-  unit: Mapping[str, Any],
-  *,
-  exclude: api_types.Exclude | None = None,
-  backend: backend_lib.ParameterBackend | None = None,
-) -> api_types.PyTree:
-  """Validates the whole ``unit`` against ``target``, then returns the restored tree.
-
-  Every target slot that is not excluded must get exactly one weight of the right shape,
-  dtype and sharding, and every weight must have a slot. All problems are collected and raised
-  at once; nothing is published unless everything validates. The input tree is never mutated.
-
-  Args:
-    target: the tree to restore into (see :func:`plan_restore`); for an ``nnx.Module`` the
-      new ``nnx.State`` of its ``Param`` variables is returned (apply it with ``nnx.update``).
-    unit: a :class:`MaterializedUnit` (or any mapping key → array).
-    exclude: globs or a predicate over names: slots kept as they are (a weight supplied for
-      one counts as unexpected).
-    backend: the backend that validates and binds (default :class:`JaxBackend`).
-
-  Returns:
-    A new tree of ``target``'s structure with the weights in place.
-
-  Raises:
-    BindError: missing, unexpected or duplicate weights, or a shape/dtype/sharding mismatch at
-      any slot (all listed); ``.problems`` holds them.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from paramreg_jax import bind
-    >>> target = {"w": jnp.zeros(2), "b": jnp.zeros(1)}
-    >>> new = bind(target, {"n:w": jnp.ones(2), "n:b": jnp.ones(1)})
-    >>> new["w"].tolist(), target["w"].tolist()
-    ([1.0, 1.0], [0.0, 0.0])
-  """
-  try:
-    leaves, treedef, slots = target_lib.slots(target)
-  except errors.KeyCollisionError as e:
-    raise errors.BindError(f"the target has duplicate parameter names: {e}", (str(e),)) from None
-  return _bind(leaves, treedef, slots, unit, exclude, backend)
-
-
-def _bind(
-  leaves: list[Any],
-  treedef: Any,
-  slots: list[target_lib.Slot],
-  unit: Mapping[str, Any],
-  exclude: api_types.Exclude | None,
-  backend: backend_lib.ParameterBackend | None,
-) -> api_types.PyTree:
-  """:func:`bind` of a target already flattened (``restore`` flattens once)."""
-  backend = backend_lib.JaxBackend() if backend is None else backend
-  excluded = plan_lib._matcher(exclude)
-  problems: list[str] = []
-  wanted = {}
-  for slot in slots:
-    if excluded(slot.name):
-      continue
-    wanted[slot.key] = slot
-    if slot.key not in unit:
-      problems.append(f"{slot.key}: missing: no weight for this parameter")
-      continue
-    try:
-      backend.validate_bind(leaves[slot.position], unit[slot.key])
-    except errors.BindError as e:
-      problems.extend(f"{slot.key}: {p}" for p in (e.problems or (str(e),)))
-  for key in unit:
-    if key not in wanted:
-      known = any(s.key == key for s in slots)
-      problems.append(
-        f"{key}: unexpected: {'the parameter is excluded' if known else 'the target has no such parameter'}"
-      )
-  if problems:
-    raise errors.BindError(
-      errors.collected("bind", problems, "the target is unchanged"), tuple(problems)
-    )
-  new_leaves = list(leaves)
-  for key, slot in wanted.items():
-    new_leaves[slot.position] = backend.bind(leaves[slot.position], unit[key])
-  return treedef.unflatten(new_leaves)
-
-
-def restore(
-  target: api_types.PyTree,
-  source: source_lib.CheckpointSource,
-  *,
-  recipes: api_types.Recipes | None = None,
-  aliases: Mapping[str, str] | None = None,
-  rename: api_types.RenameRules | None = None,
-  exclude: api_types.Exclude | None = None,
-  dtype_policy: api_types.DtypePolicy = "exact",
-  max_inflight_bytes: int | None = None,
-  progress: bool = False,
-  backend: backend_lib.ParameterBackend | None = None,
-) -> api_types.PyTree:
-  """``bind(target, materialize(plan_restore(target, source, ...)))`` in one call.
-
-  Args:
-    target: the tree to restore into (abstract is fine: ``jax.eval_shape`` output with
-      shardings, or an ``nnx.Module``).
-    source: a checkpoint source.
-    recipes, aliases, rename, exclude, dtype_policy: see :func:`plan_restore`.
-    max_inflight_bytes, progress, backend: see :func:`materialize`.
-
-  Returns:
-    The restored tree (for an ``nnx.Module``: its new ``Param`` state, for ``nnx.update``).
-
-  Examples:
-    >>> import jax, numpy as np
-    >>> from paramreg_jax import restore
-    >>> from paramreg_jax.sources import MemorySource
-    >>> src = MemorySource({"dense/kernel": np.ones((2, 3), np.float32)})
-    >>> params = restore({"dense": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32)}}, src)
-    >>> params["dense"]["kernel"].shape
-    (2, 3)
-  """
-  plan_lib.check_arguments(source, dtype_policy)
-  with _no_cyclic_gc():
-    leaves, treedef, slots = target_lib.slots(target)  # once, for the plan and the bind
-    plan = plan_lib.plan_slots(slots, source, recipes, aliases, rename, exclude, dtype_policy)
-    unit = materialize(
-      plan, backend=backend, max_inflight_bytes=max_inflight_bytes, progress=progress
-    )
-    return _bind(leaves, treedef, slots, unit, exclude, backend)

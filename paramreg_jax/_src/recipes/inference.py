@@ -1,0 +1,128 @@
+"""What a recipe reads and produces, from the checkpoint's metadata alone.
+
+:func:`infer` is the one way to infer a recipe: every op's ``infer`` rule, run bottom-up with
+each node once. Inference against one of our sources is cached per source (its catalog never
+changes): ``match`` infers a proposal, checks it with a plan, and the restore plans it again.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.ops.source import Source
+from paramreg_jax._src.sources import base as source_lib
+
+Metas = dict[int, base.Meta]
+"""Metadata by recipe node ``id`` (valid while the recipe is alive)."""
+
+_LIMIT = 1_000_000
+# per source: node id -> (node, meta); each entry holds its node, so an id is never reused
+_CACHE: weakref.WeakKeyDictionary[Any, dict[int, tuple[base.Recipe, base.Meta]]] = (
+  weakref.WeakKeyDictionary()
+)
+
+
+def infer(recipe: base.Recipe, src: Any, *, memo: Metas | None = None) -> base.Meta:
+  """The shape, dtype and bytes ``recipe`` produces, from ``src``'s metadata only.
+
+  Reads no payload. Every invalid node raises its own error class naming the node.
+
+  Args:
+    recipe: a recipe.
+    src: a checkpoint source.
+    memo: when given, filled with the metadata of every node of ``recipe`` (by ``id``), as the
+      compiler and the inverter need it.
+
+  Raises:
+    EmptySourceKeyError, UnknownSourceKeyError, InvalidSelectionAxisError, InvalidRangeError,
+    InvalidIndicesError, EmptyInputsError, DtypeMismatchError, RecipeShapeMismatchError,
+    InvalidJoinAxisError, ElementCountMismatchError, InvalidPermutationError,
+    ByteCountMismatchError, ZeroSizedOutputError, UnsupportedDtypeError.
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax import recipes
+    >>> from paramreg_jax.sources import MemorySource, Range
+    >>> src = MemorySource({"left": np.zeros((2, 3), np.float16), "right": np.zeros((4, 3), np.float16)})
+    >>> r = recipes.transpose(
+    ...     recipes.concatenate([recipes.source("left"), recipes.source("right", Range(0, 0, 1))], 0), (1, 0))
+    >>> recipes.infer(r, src), src.stats.reads
+    (TensorMetadata(shape=(3, 3), dtype=dtype('float16'), nbytes=18), 0)
+  """
+  recipe = base.check_recipe(recipe, "recipe")
+  every = memo is not None
+  memo = {} if memo is None else memo
+  meta = _infer(recipe, src, memo, _cache(src))
+  if every:  # nodes below a cached node are not in the memo yet
+    stack: list[base.Recipe] = [recipe]
+    while stack:
+      node = stack.pop()
+      if id(node) not in memo:
+        _infer(node, src, memo, _cache(src))
+      stack.extend(node.children())
+  return meta
+
+
+def _infer(node: base.Recipe, src: Any, memo: Metas, cache: dict | None) -> base.Meta:
+  hit = memo.get(id(node))
+  if hit is not None:
+    return hit
+  if cache is not None:
+    entry = cache.get(id(node))
+    if entry is not None and entry[0] is node:
+      memo[id(node)] = entry[1]
+      return entry[1]
+  inputs = [_infer(c, src, memo, cache) for c in node.children()]
+  meta = node.infer(inputs, src)
+  if any(d == 0 for d in meta.shape) or meta.nbytes == 0:
+    raise errors.ZeroSizedOutputError(f"{node}: produces {meta.shape}, zero bytes; nothing to load")
+  memo[id(node)] = meta
+  if cache is not None:
+    if len(cache) > _LIMIT:
+      cache.clear()
+    cache[id(node)] = (node, meta)
+  return meta
+
+
+def _cache(src: Any) -> dict | None:
+  if not isinstance(src, source_lib.BaseSource):
+    return None
+  cache = _CACHE.get(src)
+  if cache is None:
+    cache = _CACHE[src] = {}
+  return cache
+
+
+def source_keys(recipe: base.Recipe) -> tuple[str, ...]:
+  """The distinct checkpoint keys ``recipe`` reads, sorted.
+
+  Examples:
+    >>> from paramreg_jax import recipes
+    >>> r = recipes.concatenate([recipes.source("b"), recipes.source("a"), recipes.source("b")])
+    >>> recipes.source_keys(r)
+    ('a', 'b')
+  """
+  recipe = base.check_recipe(recipe, "recipe")
+  hit = _KEYS.get(id(recipe))
+  if hit is not None and hit[0] is recipe:
+    return hit[1]
+  out: set[str] = set()
+  stack: list[base.Recipe] = [recipe]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, Source):
+      out.add(node.key)
+    stack.extend(node.children())
+  keys = tuple(sorted(out))
+  if len(_KEYS) > 4096:
+    _KEYS.clear()
+  _KEYS[id(recipe)] = (recipe, keys)
+  return keys
+
+
+# source_keys of the latest large recipes (a stacked MoE parameter has 16,000 sources, and the
+# plan asks for its keys several times); each entry holds its recipe, so ids are not reused.
+_KEYS: dict[int, tuple[base.Recipe, tuple[str, ...]]] = {}

@@ -1,0 +1,82 @@
+"""The recipe vocabulary: one file per op, each with its four rules (see ``base.py``).
+
+A recipe describes how to derive one weight from checkpoint tensors: ``source`` reads a key
+(optionally a selection of it) and ``select``, ``concatenate``, ``stack``, ``reshape``,
+``transpose``, ``cast``, ``view``, ``neg_log`` and ``subtract_one`` transform it. There is no
+silent dequantize: packed data stays as it is (``view`` reinterprets bits).
+"""
+
+from paramreg_jax._src.recipes.ops.base import InverseStep
+from paramreg_jax._src.recipes.ops.base import NotInvertible
+from paramreg_jax._src.recipes.ops.base import Read
+from paramreg_jax._src.recipes.ops.base import Recipe
+from paramreg_jax._src.recipes.ops.base import check_axis
+from paramreg_jax._src.recipes.ops.base import check_recipe
+from paramreg_jax._src.recipes.ops.cast import Cast
+from paramreg_jax._src.recipes.ops.cast import cast
+from paramreg_jax._src.recipes.ops.concatenate import Concatenate
+from paramreg_jax._src.recipes.ops.concatenate import concatenate
+from paramreg_jax._src.recipes.ops.neg_log import NegLog
+from paramreg_jax._src.recipes.ops.neg_log import neg_log
+from paramreg_jax._src.recipes.ops.reshape import Reshape
+from paramreg_jax._src.recipes.ops.reshape import reshape
+from paramreg_jax._src.recipes.ops.select import Select
+from paramreg_jax._src.recipes.ops.select import select
+from paramreg_jax._src.recipes.ops.source import Source
+from paramreg_jax._src.recipes.ops.source import source
+from paramreg_jax._src.recipes.ops.stack import Stack
+from paramreg_jax._src.recipes.ops.stack import stack
+from paramreg_jax._src.recipes.ops.subtract_one import SubtractOne
+from paramreg_jax._src.recipes.ops.subtract_one import subtract_one
+from paramreg_jax._src.recipes.ops.transpose import Transpose
+from paramreg_jax._src.recipes.ops.transpose import transpose
+from paramreg_jax._src.recipes.ops.view import View
+from paramreg_jax._src.recipes.ops.view import view
+
+OPS: tuple[type[Recipe], ...] = (
+  Source,
+  Select,
+  Concatenate,
+  Stack,
+  Reshape,
+  Transpose,
+  Cast,
+  View,
+  NegLog,
+  SubtractOne,
+)
+"""Every op; a new one is added here once it has its file."""
+
+INVERSE_STEPS: dict[str, InverseStep] = {s.name: s for op in OPS for s in op.inverse_steps}
+"""The steps of export placements, by name."""
+
+__all__ = (
+  "INVERSE_STEPS",
+  "OPS",
+  "Cast",
+  "Concatenate",
+  "InverseStep",
+  "NegLog",
+  "NotInvertible",
+  "Read",
+  "Recipe",
+  "Reshape",
+  "Select",
+  "Source",
+  "Stack",
+  "SubtractOne",
+  "Transpose",
+  "View",
+  "cast",
+  "check_axis",
+  "check_recipe",
+  "concatenate",
+  "neg_log",
+  "reshape",
+  "select",
+  "source",
+  "stack",
+  "subtract_one",
+  "transpose",
+  "view",
+)

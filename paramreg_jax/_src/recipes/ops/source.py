@@ -1,0 +1,65 @@
+"""``source(key, selection)``: reads a checkpoint tensor, or a ``Range``/``Indices`` of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import selection as sel_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Source(base.Recipe):
+  key: str
+  selection: sel_lib.Selection = sel_lib.Full()  # noqa: RUF009 (immutable)
+
+  def __str__(self) -> str:
+    sel = "" if isinstance(self.selection, sel_lib.Full) else f", {self.selection}"
+    return f"source({self.key!r}{sel})"
+
+  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+    if not self.key.strip():
+      raise errors.EmptySourceKeyError(f"{self}: the key must be a non-empty string")
+    if not source_lib.has_key(src, self.key):
+      raise errors.UnknownSourceKeyError(
+        f"{self}: the checkpoint has no tensor {self.key!r}"
+        + errors.did_you_mean(self.key, src.keys())
+      )
+    stored = source_lib.metadata_of(src, self.key)
+    base.check_dtype(stored.dtype, self)
+    shape = self.selection.apply_shape(stored.shape, where=self)
+    return base.Meta.of(shape, np.dtype(stored.dtype))
+
+  def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
+    return base.selected(lambda r: build.read(self.key, r), self.selection, region)
+
+  def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
+    stored = walk.stored(self.key)
+    walk.place(self.key, walk.compose(region, self.selection, tuple(stored.shape)), steps)
+
+  def code(self, code_of: Callable[[base.Recipe], str]) -> str:
+    sel = base.selection_code(self.selection)
+    return f"R.source({self.key!r}, {sel})" if sel else f"R.source({self.key!r})"
+
+
+def source(key: str, selection: Any = None) -> Source:
+  """Reads checkpoint tensor ``key`` (optionally ``Range``/``Indices`` of it).
+
+  Raises:
+    EmptySourceKeyError: ``key`` is empty or whitespace.
+
+  Examples:
+    >>> from paramreg_jax import recipes
+    >>> from paramreg_jax.sources import Range
+    >>> print(recipes.source("qkv", Range(0, 0, 64)))
+    source('qkv', Range(axis=0, 0:64))
+  """
+  if not isinstance(key, str) or not key.strip():
+    raise errors.EmptySourceKeyError(f"source({key!r}): the key must be a non-empty string")
+  return Source(key, sel_lib.check_selection(selection))

@@ -1,0 +1,85 @@
+"""``stack(xs, axis)``: joins inputs along a new axis (unstacked layers → one scanned array)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.ops import joins
+from paramreg_jax._src.sources import selection as sel_lib
+
+TAKE = base.InverseStep(
+  "take",
+  lambda value, axis, i: np.take(value, i, axis=axis),
+  lambda axis, i: f"[{i} on axis {axis}]",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack(base.Recipe):
+  inputs: tuple[base.Recipe, ...]
+  axis: int
+
+  inverse_steps = (TAKE,)
+
+  def children(self) -> tuple[base.Recipe, ...]:
+    return self.inputs
+
+  def __str__(self) -> str:
+    return f"stack({base.listing(self.inputs)}, axis={self.axis})"
+
+  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+    joins.check_inputs(self, inputs, self.axis, stacking=True)
+    first = inputs[0].shape
+    return base.Meta.of((*first[: self.axis], len(inputs), *first[self.axis :]), inputs[0].dtype)
+
+  def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
+    """Only the inputs ``region`` covers, each on ``region`` without the stacked axis."""
+    a, b = region[self.axis]
+    rest = region[: self.axis] + region[self.axis + 1 :]
+    layers = [build.child(self.inputs[i], rest) for i in range(a, b)]
+    return lambda fetch: np.stack([f(fetch) for f in layers], axis=self.axis)
+
+  def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
+    base.require_whole(self, region)
+    for i, child in enumerate(self.inputs):
+      rank = len(walk.meta(child).shape)
+      walk.walk(child, base.whole(rank), (*steps, ("take", self.axis, i)))
+
+  def code(self, code_of: Callable[[base.Recipe], str]) -> str:
+    codes = [code_of(x) for x in self.inputs]
+    inner = _layer_loop(codes) or "[" + ", ".join(codes) + "]"
+    return f"R.stack({inner}, axis={self.axis})"
+
+
+def _layer_loop(codes: list[str]) -> str | None:
+  """``[<code of layer i> for i in range(n)]`` when the codes differ only in the layer number
+  of their checkpoint keys (``.3.``, ``/3/``, ``_3.``), else None."""
+  for sep_l, sep_r in ((".", "."), ("/", "/"), ("_", "."), ("_", "/")):
+    template = codes[0].replace(f"{sep_l}0{sep_r}", f"{sep_l}{{i}}{sep_r}")
+    if template == codes[0]:
+      continue
+    if all(template.replace("{i}", str(i)) == c for i, c in enumerate(codes)):
+      in_keys = sum(k.count("{i}") for k in re.findall(r"R\.source\('([^']*)'", template))
+      if in_keys == template.count("{i}"):  # the number only ever varies inside the keys
+        loop = template.replace("R.source('", "R.source(f'")
+        return f"[{loop} for i in range({len(codes)})]"
+  return None
+
+
+def stack(xs: Sequence[base.Recipe], axis: int = 0) -> Stack:
+  """Joins ``xs`` along a new ``axis`` (unstacked layers → one scanned array).
+
+  Examples:
+    >>> from paramreg_jax import recipes
+    >>> print(recipes.stack([recipes.source(f"layer{i}/w") for i in range(2)]))
+    stack([source('layer0/w'), source('layer1/w')], axis=0)
+  """
+  inputs = tuple(base.check_recipe(x, "each input") for x in xs)
+  return Stack(inputs, base.check_axis(axis, "axis"))

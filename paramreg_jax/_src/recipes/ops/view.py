@@ -1,0 +1,68 @@
+"""``view(x, dtype, shape)``: the same bytes reinterpreted (no numeric conversion)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.ops import flat
+from paramreg_jax._src.sources import selection as sel_lib
+
+VIEW = base.InverseStep(
+  "view",
+  lambda value, dtype, shape: np.ascontiguousarray(value).view(dtype).reshape(shape),
+  lambda dtype, shape: f"view {dtype}",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class View(base.Unary):
+  input: base.Recipe
+  dtype: np.dtype
+  shape: tuple[int, ...]
+
+  inverse_steps = (VIEW,)
+
+  def __str__(self) -> str:
+    return f"view({self.input}, {self.dtype.name}, {self.shape})"
+
+  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+    (m,) = inputs
+    out = base.Meta(self.shape, base.check_dtype(self.dtype, str(self)))
+    if out.nbytes != m.nbytes:
+      raise errors.ByteCountMismatchError(
+        f"{self}: input {m} is {m.nbytes} bytes, {self.shape} {out.dtype.name} is {out.nbytes}"
+      )
+    return out
+
+  def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
+    return flat.program(self, region, build)
+
+  def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
+    base.require_whole(self, region)
+    inner = walk.meta(self.input)
+    shape = tuple(inner.shape)
+    step = ("view", np.dtype(inner.dtype), shape)
+    walk.walk(self.input, base.whole(len(shape)), (*steps, step))
+
+  def code(self, code_of: Callable[[base.Recipe], str]) -> str:
+    return f"R.view({code_of(self.input)}, {self.dtype.name!r}, {self.shape})"
+
+
+def view(x: base.Recipe, dtype: Any, shape: Sequence[int]) -> View:
+  """Reinterprets the bytes as ``dtype`` with ``shape`` (no numeric conversion).
+
+  Examples:
+    >>> import numpy as np
+    >>> from paramreg_jax import recipes
+    >>> print(recipes.view(recipes.source("packed"), np.uint8, (16,)))
+    view(source('packed'), uint8, (16,))
+  """
+  x = base.check_recipe(x, "view's input")
+  return View(x, base.check_dtype(dtype, "view"), base.check_ints(shape, "shape"))
