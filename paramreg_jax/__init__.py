@@ -49,14 +49,14 @@ from paramreg_jax._src.registry import ParamRegistry
 from paramreg_jax._src.registry import assign_ids
 from paramreg_jax._src.registry import assign_keys
 from paramreg_jax._src.restore.backend import JaxBackend
-from paramreg_jax._src.restore.backend import ParameterBackend
 from paramreg_jax._src.restore.bind import bind
+from paramreg_jax._src.restore.contract import ParameterBackend
 from paramreg_jax._src.restore.materialize import MaterializedUnit
 from paramreg_jax._src.restore.materialize import materialize
 from paramreg_jax._src.restore.pipeline import restore
 from paramreg_jax._src.restore.plan import PlanEntry
 from paramreg_jax._src.restore.plan import RestorePlan
-from paramreg_jax._src.restore.plan import plan_restore
+from paramreg_jax._src.restore.planning import plan_restore
 from paramreg_jax._src.sources.base import CheckpointLease
 from paramreg_jax._src.sources.base import CheckpointSource
 from paramreg_jax._src.sources.base import TensorMetadata

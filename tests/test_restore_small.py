@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
-from paramreg_jax._src.restore import backend as backend_lib
+from paramreg_jax._src.restore import contract as backend_lib
 from paramreg_jax._src.restore import transfer
 from paramreg_jax.sources import MemorySource
 from paramreg_jax.sources import SafetensorsSource

@@ -157,7 +157,7 @@ def _check_target(spec: str, target: Any) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-  from paramreg_jax._src.restore.plan import plan_restore
+  from paramreg_jax._src.restore.planning import plan_restore
 
   src = open_source(args.path, step=args.step, item=args.item)
   target, options = _load_target(args.target)

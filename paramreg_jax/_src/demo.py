@@ -28,7 +28,7 @@ from paramreg_jax._src.optim import reconcile as reconcile_lib
 from paramreg_jax._src.optim import state_access
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
-from paramreg_jax._src.restore.plan import plan_restore
+from paramreg_jax._src.restore.planning import plan_restore
 from paramreg_jax._src.sources.orbax import OrbaxSource
 
 

@@ -36,7 +36,7 @@ from paramreg_jax._src.recipes.sets import RecipeSet
 from paramreg_jax._src.recipes.sets import Rename
 from paramreg_jax._src.recipes.sets import fused_split
 from paramreg_jax._src.recipes.sets import rename
-from paramreg_jax._src.restore.backend import evaluate
+from paramreg_jax._src.restore.evaluate import evaluate
 
 __all__ = (
   "AliasError",

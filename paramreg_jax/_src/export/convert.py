@@ -21,6 +21,7 @@ from paramreg_jax._src.export.staging import published
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import planning
 from paramreg_jax._src.sources import base as source_lib
 
 
@@ -91,7 +92,7 @@ def convert(
       "convert: hints are for match (recipes=None); with recipes or rename, drop hints or "
       "put what they say into the recipes"
     )
-  plan = plan_lib.plan_restore(
+  plan = planning.plan_restore(
     target,
     source,
     recipes=recipes,

@@ -36,6 +36,7 @@ from paramreg_jax._src.export.tensors import fetch_region
 from paramreg_jax._src.export.tensors import same_bits
 from paramreg_jax._src.export.tensors import write_tensor
 from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.sources import base as source_lib
 
@@ -228,7 +229,7 @@ def _restore_plan(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if target_lib.is_slot(x) else x,
     target_lib.as_state(params),
   )
-  return plan_lib.plan_restore(
+  return planning.plan_restore(
     abstract, source, recipes=mapping, rename=rename, aliases=aliases, exclude=exclude
   )
 

@@ -43,7 +43,7 @@ from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.sources import base as source_lib
 
@@ -124,7 +124,7 @@ def match(
       result,
     )
   try:
-    plan_lib.plan_restore(target, source, recipes=result)
+    planning.plan_restore(target, source, recipes=result)
   except errors.RestorePlanError as e:
     raise errors.MatchError(
       f"the proposed mapping does not plan (a bug in match, or a checkpoint it misreads): {e}",

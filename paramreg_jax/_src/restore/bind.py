@@ -14,6 +14,7 @@ from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src import patterns as patterns_lib
 from paramreg_jax._src.restore import backend as backend_lib
+from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import target as target_lib
 
 
@@ -22,7 +23,7 @@ def bind(
   unit: Mapping[str, Any],
   *,
   exclude: api_types.Exclude | None = None,
-  backend: backend_lib.ParameterBackend | None = None,
+  backend: contract.ParameterBackend | None = None,
 ) -> api_types.PyTree:
   """Validates the whole ``unit`` against ``target``, then returns the restored tree.
 
@@ -66,7 +67,7 @@ def bind_slots(
   slots: list[target_lib.Slot],
   unit: Mapping[str, Any],
   exclude: api_types.Exclude | None,
-  backend: backend_lib.ParameterBackend | None,
+  backend: contract.ParameterBackend | None,
 ) -> api_types.PyTree:
   """:func:`bind` of a target already flattened (``restore`` flattens once)."""
   backend = backend_lib.JaxBackend() if backend is None else backend

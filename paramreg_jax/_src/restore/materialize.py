@@ -19,6 +19,7 @@ import jax
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import backend as backend_lib
+from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
 
@@ -99,7 +100,7 @@ def _recipe_of(entry: plan_lib.PlanEntry) -> ops.Recipe:
 def materialize(
   plan: plan_lib.RestorePlan,
   *,
-  backend: backend_lib.ParameterBackend | None = None,
+  backend: contract.ParameterBackend | None = None,
   max_inflight_bytes: int | None = None,
   progress: bool = False,
 ) -> MaterializedUnit:
@@ -142,61 +143,62 @@ def materialize(
   backend = backend_lib.JaxBackend() if backend is None else backend
   owners = [e for e in plan.entries if e.kind != "alias"]
   weights: dict[str, Any] = {}
-  key = None
+  key = owners[0].key if owners else None
   with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes, no_cyclic_gc():
-    base = backend_lib.MaterializationContext(
+    base = contract.MaterializationContext(
       "", (), jax.numpy.float32, target_lib.default_sharding(), max_inflight_bytes, on_bytes
     )
     try:
-      contexts = [base.for_slot(e.key, e.shape, e.dtype, e.sharding) for e in owners]
-      if hasattr(backend, "materialize_all"):  # one call: reads shared and windowed
-        key = owners[0].key if owners else None
-        built = backend.materialize_all(
-          plan.source, [(_recipe_of(e), c) for e, c in zip(owners, contexts)]
-        )
-      else:  # any ParameterBackend, weight by weight
-        built = []
-        for entry, context in zip(owners, contexts):
-          key = entry.key
-          built.append(
-            backend.materialize(plan.source.lease(entry.source_key), context)
-            if entry.kind == "direct"
-            else backend.materialize_recipe(entry.recipe, plan.source, context)
-          )
-      done = None
-      finish_all = getattr(backend, "finish_all", None)
-      if finish_all is not None:  # one wait for the whole unit
-        try:
-          done = finish_all(list(built))
-        except Exception:
-          done = None  # waited for again weight by weight below, naming the one that fails
-      if done is not None:
-        weights.update(zip((e.key for e in owners), done))
-      else:
-        for entry, m in zip(owners, built):
-          key = entry.key
-          weights[entry.key] = backend.finish_materialization(m)
+      requests = [
+        (_recipe_of(e), base.for_slot(e.key, e.shape, e.dtype, e.sharding)) for e in owners
+      ]
+      built = backend.materialize_all(plan.source, requests)
+      weights.update(zip((e.key for e in owners), _finish(backend, owners, built)))
       for entry in plan.entries:
         if entry.kind == "alias":
           key = entry.key
           weights[entry.key] = backend.share_materialized_weight(weights[str(entry.owner)])
-    except errors.ParamRegError as e:
-      weights.clear()
-      if isinstance(e, errors.MaterializationError):
-        if "nothing was kept" not in str(e):
-          raise errors.MaterializationError(
-            f"{e}; nothing was kept, the target is untouched", e.key
-          ) from e
-        raise
-      raise errors.MaterializationError(
-        f"{key}: {e}; nothing was kept, the target is untouched", key
-      ) from e
     except (KeyboardInterrupt, Exception) as e:
       weights.clear()
       if isinstance(e, KeyboardInterrupt):
         errors.note_interrupted(e, key)
         raise
-      raise errors.MaterializationError(
-        f"{key}: {type(e).__name__}: {e}; nothing was kept, the target is untouched", key
-      ) from e
+      error = _nothing_kept(e, key)
+      if error is e:
+        raise
+      raise error from e
   return MaterializedUnit(weights)
+
+
+def _finish(
+  backend: contract.ParameterBackend,
+  owners: list[plan_lib.PlanEntry],
+  built: list[contract.Materialization],
+) -> list[jax.Array]:
+  """One wait for the whole unit; when it fails, a wait per weight names the one that fails."""
+  try:
+    return backend.finish_all(built)
+  except Exception:
+    pass
+  out = []
+  for entry, m in zip(owners, built):
+    try:
+      out.extend(backend.finish_all([m]))
+    except errors.MaterializationError:
+      raise
+    except Exception as e:
+      raise errors.MaterializationError(f"{entry.key}: {type(e).__name__}: {e}", entry.key) from e
+  return out
+
+
+def _nothing_kept(e: Exception, key: str | None) -> errors.MaterializationError:
+  """The error ``materialize`` raises for ``e``: a ``MaterializationError`` that names the
+  weight and says the target is untouched."""
+  if isinstance(e, errors.MaterializationError):
+    if "nothing was kept" in str(e):
+      return e
+    return errors.MaterializationError(f"{e}; nothing was kept, the target is untouched", e.key)
+  what = str(e) if isinstance(e, errors.ParamRegError) else f"{type(e).__name__}: {e}"
+  return errors.MaterializationError(
+    f"{key}: {what}; nothing was kept, the target is untouched", key
+  )

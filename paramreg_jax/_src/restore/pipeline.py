@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from paramreg_jax._src import api_types
-from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import bind as bind_lib
+from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import materialize as materialize_lib
-from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.sources import base as source_lib
 
@@ -24,7 +24,7 @@ def restore(
   dtype_policy: api_types.DtypePolicy = "exact",
   max_inflight_bytes: int | None = None,
   progress: bool = False,
-  backend: backend_lib.ParameterBackend | None = None,
+  backend: contract.ParameterBackend | None = None,
 ) -> api_types.PyTree:
   """``bind(target, materialize(plan_restore(target, source, ...)))`` in one call.
 
@@ -47,10 +47,12 @@ def restore(
     >>> params["dense"]["kernel"].shape
     (2, 3)
   """
-  plan_lib.check_arguments(source, dtype_policy)
+  planning.check_arguments(source, dtype_policy)
   with materialize_lib.no_cyclic_gc():
     leaves, treedef, slots = target_lib.slots(target)  # once, for the plan and the bind
-    plan = plan_lib.plan_slots(slots, source, recipes, aliases, rename, exclude, dtype_policy)
+    plan = planning.plan_slots(
+      slots, source, recipes, aliases, rename, exclude, dtype_policy, backend
+    )
     unit = materialize_lib.materialize(
       plan, backend=backend, max_inflight_bytes=max_inflight_bytes, progress=progress
     )

@@ -1,0 +1,40 @@
+"""The host-memory budget of a restore: source bytes held at once besides the restored arrays."""
+
+from __future__ import annotations
+
+import os
+
+_MIB = 1 << 20
+# Windows alive at once: being read, read and waiting, being built. Each gets 1/DEPTH of the
+# budget; the reader never waits for the builders and vice versa.
+DEPTH = 3
+
+
+def default_max_inflight_bytes() -> int:
+  """The default host budget: 1/64 of the memory available now, between 4 and 16 MiB.
+
+  Throughput does not need more: three windows of about 5 MiB (being read, read, being
+  built) already keep the disk and the build threads busy; restoring 268 MB took 0.22-0.26 s with a
+  16 MiB budget and 0.28-0.31 s with 128 MiB (docs/benchmarks.md). A larger budget only
+  raises the peak. A single shard whose blocks are larger is still read whole.
+
+  Examples:
+    >>> from paramreg_jax._src.restore.budget import default_max_inflight_bytes
+    >>> 4 << 20 <= default_max_inflight_bytes() <= 16 << 20
+    True
+  """
+  available = None
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          available = int(line.split()[1]) * 1024
+          break
+  except OSError:
+    pass
+  if available is None:
+    try:
+      available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+      available = 1 << 31
+  return int(min(16 * _MIB, max(4 * _MIB, available // 64)))

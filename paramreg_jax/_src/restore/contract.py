@@ -1,0 +1,126 @@
+"""The backend contract: what ``materialize``, ``bind`` and ``plan_restore`` call, typed.
+
+:class:`ParameterBackend` reinterprets the seed's ``ParameterBackend`` trait. Its operations map
+onto the seed's as follows:
+
+==============================  ====================================================
+seed (Rust trait)               here
+==============================  ====================================================
+``materialize(lease, ctx)``     ``materialize_all(source, [(source(key, sel), ctx)])``
+``materialize_recipe(...)``     ``materialize_all(source, [(recipe, ctx), ...])``
+``materialized_weight(m)``      ``Materialization.weight``
+``finish_materialization(m)``   ``finish_all([m, ...])``
+``share_materialized_weight``   ``share_materialized_weight``
+``validate_bind``, ``bind``     the same
+(planning)                      ``preflight_recipe``
+==============================  ====================================================
+
+A lease is a recipe (``source(key, selection)``), so one call builds a whole unit: reads are
+shared and windowed across weights, and one wait covers every transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
+
+import jax
+import numpy as np
+
+from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources import base as source_lib
+
+Parameter = Any
+"""A target slot: a ``jax.Array``, or a ``jax.ShapeDtypeStruct`` with a ``.sharding``."""
+
+
+@dataclasses.dataclass
+class MaterializationContext:
+  """Where one weight goes, and the host-memory budget of the unit it belongs to.
+
+  Attributes:
+    key: the target key (for messages).
+    shape, dtype, sharding: what the weight must be.
+    max_inflight_bytes: source bytes the host may hold at once besides the restored arrays
+      (three windows of a third of it: being read, read, being built); ``None`` for
+      :func:`default_max_inflight_bytes`.
+    on_bytes: called with the byte count of every block read (progress bars).
+  """
+
+  key: str
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  sharding: jax.sharding.Sharding
+  max_inflight_bytes: int | None = None
+  on_bytes: Callable[[int], None] | None = None
+
+  def for_slot(
+    self, key: str, shape: tuple[int, ...], dtype: Any, sharding: Any
+  ) -> MaterializationContext:
+    """A context for another weight sharing this one's budget and progress."""
+    return MaterializationContext(
+      key, tuple(shape), np.dtype(dtype), sharding, self.max_inflight_bytes, self.on_bytes
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Materialization:
+  """A weight whose device transfers may still be in flight (finish it to wait).
+
+  ``adopted`` marks a weight whose every shard is a host buffer a CPU device adopted as it
+  was (no transfer to wait for).
+  """
+
+  key: str
+  weight: jax.Array
+  adopted: bool = False
+
+
+@runtime_checkable
+class ParameterBackend(Protocol):
+  """Materializes checkpoint data into native weights and binds them to parameter slots.
+
+  :func:`~paramreg_jax.plan_restore` calls ``preflight_recipe`` (metadata only) for every
+  recipe; :func:`~paramreg_jax.materialize` calls ``materialize_all`` once for the unit, then
+  ``finish_all`` once, then ``share_materialized_weight`` for each tied weight;
+  :func:`~paramreg_jax.bind` calls ``validate_bind`` for every slot before it calls ``bind``
+  for any. ``bind`` cannot fail after a successful ``validate_bind`` on the same arguments, so
+  a whole unit is validated before anything is published.
+
+  Examples:
+    >>> from paramreg_jax import JaxBackend, ParameterBackend
+    >>> isinstance(JaxBackend(), ParameterBackend)
+    True
+  """
+
+  def preflight_recipe(self, recipe: ops.Recipe, source: source_lib.CheckpointSource) -> None:
+    """Raises a ``RecipeError`` when ``recipe`` could never be materialized (metadata only)."""
+    ...
+
+  def materialize_all(
+    self,
+    source: source_lib.CheckpointSource,
+    requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
+  ) -> list[Materialization]:
+    """Starts building every requested weight (a plain tensor is ``source(key)``)."""
+    ...
+
+  def finish_all(self, materializations: Sequence[Materialization]) -> list[jax.Array]:
+    """Waits for the weights' transfers; returns them in order."""
+    ...
+
+  def share_materialized_weight(self, weight: jax.Array) -> jax.Array:
+    """The weight a tied parameter gets from its owner's."""
+    ...
+
+  def validate_bind(self, parameter: Parameter, weight: jax.Array) -> None:
+    """Raises ``BindError`` (with ``.problems``) unless ``weight`` can replace ``parameter``."""
+    ...
+
+  def bind(self, parameter: Parameter, weight: jax.Array) -> jax.Array:
+    """The slot's new value (after a successful :meth:`validate_bind`)."""
+    ...
