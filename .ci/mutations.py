@@ -60,7 +60,7 @@ MUTATIONS = (
   ),
   Mutation(
     "a key escape removed",
-    "paramreg_jax/_src/keys.py",
+    "paramreg_jax/_src/registry/keys.py",
     '  return component.replace("~", "~0").replace("/", "~1")\n',
     '  return component.replace("~", "~0")\n',
     ("tests/test_keys.py", "-k", "fast_walk"),

@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import paramreg_jax as prj
-from paramreg_jax._src import keys as keys_lib
+from paramreg_jax._src.registry import keys as keys_lib
 
 
 def make_params(seed=0):

@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import paramreg_jax as prj
-from paramreg_jax._src import keys as keys_lib
+from paramreg_jax._src.registry import keys as keys_lib
 
 DK = jax.tree_util.DictKey
 GA = jax.tree_util.GetAttrKey

@@ -137,7 +137,7 @@ def _check_target(spec: str, target: Any) -> None:
   """A target is a tree of arrays / ``jax.ShapeDtypeStruct`` objects (or an NNX module)."""
   import jax
 
-  from paramreg_jax._src import keys as keys_lib
+  from paramreg_jax._src.registry import keys as keys_lib
   from paramreg_jax._src.restore import target as target_lib
 
   flat = jax.tree_util.tree_flatten_with_path(target_lib.as_state(target))[0]

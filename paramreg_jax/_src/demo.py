@@ -22,10 +22,10 @@ from jax.sharding import PartitionSpec as P
 
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
-from paramreg_jax._src import registry
 from paramreg_jax._src.optim import keyed as keyed_lib
 from paramreg_jax._src.optim import reconcile as reconcile_lib
 from paramreg_jax._src.optim import state_access
+from paramreg_jax._src.registry import assign as registry
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore.planning import plan_restore

@@ -20,7 +20,7 @@ from typing import TypeVar
 import jax
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import registry as registry_lib
+from paramreg_jax._src.registry import assign as registry_lib
 
 T = TypeVar("T")
 

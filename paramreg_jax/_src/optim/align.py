@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src.optim.state_layout import Layout
 from paramreg_jax._src.optim.state_layout import Path
+from paramreg_jax._src.registry import keys as keys_lib
 
 _WRAPPERS = frozenset({"inner_state", "inner_opt_state"})
 

@@ -32,8 +32,8 @@ import optax
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
-from paramreg_jax._src import keys as keys_lib
-from paramreg_jax._src import registry as registry_lib
+from paramreg_jax._src.registry import assign as registry_lib
+from paramreg_jax._src.registry import keys as keys_lib
 
 _KEYED_MARK = "__paramreg_keyed__"
 _CACHE_SIZE = 64

@@ -23,7 +23,6 @@ import optax
 from paramreg_jax._src import api_types
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
-from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src.optim import align
 from paramreg_jax._src.optim import keyed as keyed_lib
 from paramreg_jax._src.optim import resize as resize_lib
@@ -34,6 +33,7 @@ from paramreg_jax._src.optim.state_layout import matching_form
 from paramreg_jax._src.optim.state_layout import new_layout
 from paramreg_jax._src.optim.state_layout import read_old_state
 from paramreg_jax._src.optim.state_layout import spec
+from paramreg_jax._src.registry import keys as keys_lib
 
 Path = keyed_lib.Path
 

@@ -12,12 +12,12 @@ from typing import Any
 import jax
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import keys as keys_lib
-from paramreg_jax._src import registry as registry_lib
 from paramreg_jax._src.optim.keyed import ParamIndex
 from paramreg_jax._src.optim.keyed import _is_masked
 from paramreg_jax._src.optim.keyed import mirrors
 from paramreg_jax._src.optim.keyed import optimizer_state
+from paramreg_jax._src.registry import assign as registry_lib
+from paramreg_jax._src.registry import keys as keys_lib
 
 
 def _is_nnx(x: Any) -> bool:

@@ -16,8 +16,8 @@ import numpy as np
 import optax
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import keys as keys_lib
 from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.registry import keys as keys_lib
 
 Path = keyed_lib.Path
 

@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from paramreg_jax._src import keys as keys_lib
-from paramreg_jax._src import registry as registry_lib
+from paramreg_jax._src.registry import assign as registry_lib
+from paramreg_jax._src.registry import keys as keys_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +53,11 @@ def slots(target: Any) -> tuple[list[Any], Any, list[Slot]]:
   found: list[Slot] = []
   names: list[str] = []
   paths = []
+  all_names = keys_lib.paths_to_names([path for path, _ in flat])
   for i, (path, leaf) in enumerate(flat):
     if not is_slot(leaf):
       continue
-    name = keys_lib.path_to_name(path)
+    name = all_names[i]
     names.append(name)
     paths.append(path)
     sharding = getattr(leaf, "sharding", None)

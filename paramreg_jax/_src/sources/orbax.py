@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src import keys as keys_lib
-from paramreg_jax._src import registry as registry_lib
+from paramreg_jax._src.registry import assign as registry_lib
+from paramreg_jax._src.registry import keys as keys_lib
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores

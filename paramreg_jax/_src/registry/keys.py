@@ -136,7 +136,7 @@ def fold_saved_variables(paths: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]
 
   Examples:
     >>> import jax
-    >>> from paramreg_jax._src.keys import fold_saved_variables, path_to_name
+    >>> from paramreg_jax._src.registry.keys import fold_saved_variables, path_to_name
     >>> saved = {"dense": {"kernel": {"value": 1.0}}, "attn": {"key": 2.0, "value": 3.0}}
     >>> paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(saved)[0]]
     >>> [path_to_name(p) for p in fold_saved_variables(paths)]
@@ -390,7 +390,18 @@ def is_canonical_key(key: Any) -> bool:
   return True
 
 
-def tree_names(tree: Any, *, is_leaf: Any = None) -> list[str]:
-  """Canonical names of the leaves of ``tree`` in flatten order (no collision check)."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-  return [path_to_name(p) for p, _ in flat]
+def tree_names(tree: Any, *, leaves: Sequence[Any] | None = None) -> list[str]:
+  """Canonical names of the leaves of ``tree`` in flatten order (no collision check): the one
+  way a tree is named (``registry.tree_keys`` adds the ``n:``/``p:`` keys and the check).
+
+  Args:
+    tree: a pytree.
+    leaves: ``jax.tree_util.tree_leaves(tree)``, when the caller has them: a tree of plain
+      containers is then named without flattening it again.
+  """
+  if leaves is not None:
+    fast = fast_tree_names(tree, leaves)
+    if fast is not None:
+      return fast
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return paths_to_names([p for p, _ in flat])
