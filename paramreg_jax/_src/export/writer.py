@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import safetensors as st
+from paramreg_jax._src.sources import safetensors_format as st
 
 DTYPE_NAMES = {dtype: name for name, dtype in st.DTYPES.items()}
-INDEX_NAME = "model.safetensors.index.json"
+INDEX_NAME = st.INDEX_NAME
 SINGLE_NAME = "model.safetensors"
 
 

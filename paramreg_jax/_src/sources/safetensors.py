@@ -19,10 +19,8 @@ import functools
 import json
 import os
 import pathlib
-import struct
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src import errors
@@ -30,237 +28,8 @@ from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
-
-DTYPES: dict[str, np.dtype] = {
-  "BOOL": np.dtype(np.bool_),
-  "U8": np.dtype(np.uint8),
-  "I8": np.dtype(np.int8),
-  "U16": np.dtype(np.uint16),
-  "I16": np.dtype(np.int16),
-  "U32": np.dtype(np.uint32),
-  "I32": np.dtype(np.int32),
-  "U64": np.dtype(np.uint64),
-  "I64": np.dtype(np.int64),
-  "F16": np.dtype(np.float16),
-  "BF16": np.dtype(ml_dtypes.bfloat16),
-  "F32": np.dtype(np.float32),
-  "F64": np.dtype(np.float64),
-  "C64": np.dtype(np.complex64),
-  "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-  "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-}
-if hasattr(ml_dtypes, "float8_e8m0fnu"):
-  DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
-
-_MAX_HEADER = 100_000_000  # the safetensors package's own limit
-INDEX_NAME = "model.safetensors.index.json"
-# A strided region (columns of a matrix) is read as whole rows through a scratch buffer of at
-# most this many bytes at a time; contiguous regions go straight into the output buffer.
-_SCRATCH_BYTES = 8 * 1024 * 1024
-
-
-class _DuplicateName(ValueError):
-  pass
-
-
-def _no_duplicate_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-  seen: dict[str, Any] = {}
-  for key, value in pairs:
-    if key in seen:
-      raise _DuplicateName(f"tensor {key!r} appears twice in the header")
-    seen[key] = value
-  return seen
-
-
-def _no_constant(token: str) -> Any:
-  raise ValueError(f"{token} is not JSON")
-
-
-def _non_negative_int(text: str) -> int:
-  if text == "-0":  # int("-0") is 0; sizes and offsets are unsigned (safetensors refuses it)
-    raise ValueError("-0 in the header, where sizes and offsets are unsigned")
-  return int(text)
-
-
-def _text_problem(header: dict[str, Any]) -> str | None:
-  """What the safetensors format forbids beyond JSON: names that are not valid UTF-8 (lone
-  surrogates), and ``__metadata__`` that is not a ``{str: str}`` object."""
-  meta = header.get("__metadata__")
-  if meta is not None and not (
-    isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
-  ):
-    return f"__metadata__ must be an object of strings, got {json.dumps(meta)[:60]}"
-  texts = [*header, *(meta or {}), *(meta or {}).values()]
-  for text in texts:
-    try:
-      text.encode("utf-8")
-    except UnicodeEncodeError:
-      return f"the name {text!r} is not valid UTF-8 (a lone surrogate)"
-  return None
-
-
-class _File:
-  """One parsed safetensors file: ``{key: (metadata, absolute byte offset)}``."""
-
-  def __init__(self, store: stores.LocalFile | remote.RemoteFile):
-    # A local file stays open from validation to the last read: a newer save renamed over the
-    # path (what a training loop saving "latest" does) cannot put other bytes under these offsets.
-    self.store = store
-    self.path = store.name
-    self.entries: dict[str, tuple[source_lib.TensorMetadata, int]] = {}
-    try:
-      self._parse()
-    except BaseException:
-      self.close()
-      raise
-    drop_head = getattr(store, "drop_head", None)
-    if drop_head is not None:  # a remote object's first bytes: the header is parsed now
-      drop_head()
-
-  def close(self) -> None:
-    self.store.close()
-
-  def __del__(self) -> None:
-    store = getattr(self, "store", None)
-    if store is not None:
-      store.close()
-
-  def _bad(self, message: str) -> errors.MalformedSafetensorsError:
-    return errors.MalformedSafetensorsError(f"{self.path}: {message}; nothing was read from it")
-
-  def _parse(self) -> None:
-    try:
-      size = self.store.size
-      head = self.store.pread(8, 0)
-      if len(head) < 8:
-        raise self._bad(f"truncated: {size} bytes, shorter than the 8-byte header length")
-      (n,) = struct.unpack("<Q", head)
-      if n > size - 8:
-        raise self._bad(f"header length {n} runs past the end of the file ({size} bytes)")
-      if n > _MAX_HEADER:
-        raise self._bad(f"header length {n} exceeds {_MAX_HEADER} bytes")
-      raw = self.store.pread(n, 8)
-    except OSError as e:
-      raise errors.SourceIOError(f"{self.path}: cannot read the header: {e}") from e
-    try:
-      header = json.loads(
-        raw.decode("utf-8"),
-        object_pairs_hook=_no_duplicate_names,
-        parse_constant=_no_constant,
-        parse_int=_non_negative_int,
-      )
-    except _DuplicateName as e:
-      raise self._bad(str(e)) from None
-    except (UnicodeDecodeError, ValueError) as e:
-      raise self._bad(f"the header is not valid JSON ({e})") from None
-    except RecursionError:
-      raise self._bad("the header is not valid JSON (nested too deeply to parse)") from None
-    if not isinstance(header, dict):
-      raise self._bad("the header is not a JSON object")
-    problem = _text_problem(header)
-    if problem:
-      raise self._bad(problem)
-    data_start = 8 + n
-    data_len = size - data_start
-    spans: list[tuple[int, int, str]] = []
-    for key, info in header.items():
-      if key == "__metadata__":
-        continue
-      if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-        raise self._bad(f"tensor {key!r}: entry must have dtype, shape and data_offsets")
-      dtype = DTYPES.get(info["dtype"])
-      if dtype is None:
-        raise self._bad(
-          f"tensor {key!r}: unknown dtype {info['dtype']!r} (supported: {', '.join(sorted(DTYPES))})"
-        )
-      shape = info["shape"]
-      if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-      ):
-        raise self._bad(f"tensor {key!r}: shape {shape!r} must be a list of non-negative ints")
-      offsets = info["data_offsets"]
-      if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-      ):
-        raise self._bad(f"tensor {key!r}: data_offsets {offsets!r} must be [begin, end]")
-      begin, end = offsets
-      meta = source_lib.TensorMetadata(tuple(shape), dtype)
-      if not 0 <= begin <= end <= data_len:
-        raise self._bad(
-          f"tensor {key!r}: data_offsets [{begin}, {end}] fall outside the data section "
-          f"(0..{data_len} bytes)"
-        )
-      if end - begin != meta.nbytes:
-        raise self._bad(
-          f"tensor {key!r}: data_offsets span {end - begin} bytes, but {tuple(shape)} "
-          f"{info['dtype']} needs {meta.nbytes}"
-        )
-      spans.append((begin, end, key))
-      self.entries[key] = (meta, data_start + begin)
-    self._check_tiling(sorted(spans), data_len)
-
-  def _check_tiling(self, spans: list[tuple[int, int, str]], data_len: int) -> None:
-    """Tensors must tile the data section: each starts where the previous one ended."""
-    at, last = 0, "the start of the data section"
-    for begin, end, key in spans:
-      if begin != at:
-        what = (
-          f"overlaps {last}, which ends at byte {at}"
-          if begin < at
-          else f"leaves a gap of {begin - at} bytes after {last}"
-        )
-        raise self._bad(f"tensor {key!r}: data_offsets [{begin}, {end}] {what}")
-      at, last = end, f"tensor {key!r}"
-    if at != data_len:
-      raise self._bad(
-        f"{data_len - at} bytes after the last tensor are covered by no tensor (data section "
-        f"is {data_len} bytes)"
-      )
-
-  def read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    """``region`` of ``key`` in a new 64-byte aligned array (positional reads on the file as
-    it was validated, no mapping)."""
-    meta, offset = self.entries[key]
-    out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
-    if out.size == 0:
-      return out
-    self._read_box(offset, meta.shape, meta.dtype.itemsize, region, out, key)
-    return out
-
-  def _read_box(
-    self,
-    offset: int,
-    shape: tuple[int, ...],
-    itemsize: int,
-    region: sel_lib.Region,
-    out: np.ndarray,
-    key: str,
-  ) -> None:
-    if not shape:
-      self.store.pread_into(out, offset, repr(key))
-      return
-    (a, b), rest = region[0], region[1:]
-    row = itemsize
-    for d in shape[1:]:
-      row *= d
-    if all(lo == 0 and hi == d for (lo, hi), d in zip(rest, shape[1:])):  # contiguous rows
-      self.store.pread_into(out, offset + a * row, repr(key))
-      return
-    if row > _SCRATCH_BYTES:  # one row is large: recurse into it, row by row
-      for i in range(a, b):
-        self._read_box(offset + i * row, shape[1:], itemsize, rest, out[i - a], key)
-      return
-    per = max(1, _SCRATCH_BYTES // row)
-    scratch = np.empty(min(per, b - a) * row, np.uint8)
-    inner = sel_lib.region_slices(rest)
-    for i in range(a, b, per):
-      m = min(per, b - i)
-      buf = scratch[: m * row]
-      self.store.pread_into(buf, offset + i * row, repr(key))
-      block = buf.view(out.dtype).reshape((m, *shape[1:]))
-      out[i - a : i - a + m] = block[(slice(None), *inner)]
+from paramreg_jax._src.sources.safetensors_format import INDEX_NAME
+from paramreg_jax._src.sources.safetensors_format import SafetensorsFile
 
 
 class SafetensorsSource(source_lib.BaseSource):
@@ -320,7 +89,7 @@ class SafetensorsSource(source_lib.BaseSource):
     min_throughput: float = remote.MIN_THROUGHPUT,
   ):
     super().__init__()
-    self._where: dict[str, _File] = {}
+    self._where: dict[str, SafetensorsFile] = {}
     if stores.is_url(path):
       self.path: Any = str(path)
       remote.check_remote_args(self.path, storage_options, retries, timeout, min_throughput)
@@ -340,13 +109,13 @@ class SafetensorsSource(source_lib.BaseSource):
       if not files:
         raise errors.MissingShardError(f"{self.path}: no *.safetensors files and no {INDEX_NAME}")
       for f in files:
-        self._add(_File(stores.LocalFile(f)))
+        self._add(SafetensorsFile(stores.LocalFile(f)))
       return
     self._folder = stores.LocalFolder(self.path.parent)
     if self.path.name.endswith(".json"):
       self._load_index(self._folder, self.path.name)
     elif self.path.exists():
-      self._add(_File(stores.LocalFile(self.path)))
+      self._add(SafetensorsFile(stores.LocalFile(self.path)))
     else:
       raise errors.MissingShardError(f"{self.path}: no such file or directory")
 
@@ -366,7 +135,7 @@ class SafetensorsSource(source_lib.BaseSource):
     if name.endswith(".json"):
       self._load_index(self._folder, name)
     else:
-      self._add(_File(self._folder.open(name)))
+      self._add(SafetensorsFile(self._folder.open(name)))
 
   @functools.cached_property
   def config(self) -> dict[str, Any] | None:
@@ -406,7 +175,7 @@ class SafetensorsSource(source_lib.BaseSource):
     except OSError as e:
       raise errors.SourceIOError(f"{self._folder.describe(name)}: cannot read it: {e}") from e
 
-  def _add(self, f: _File, allowed: set[str] | None = None) -> None:
+  def _add(self, f: SafetensorsFile, allowed: set[str] | None = None) -> None:
     for key in f.entries:
       if allowed is not None and key not in allowed:
         continue
@@ -449,7 +218,7 @@ class SafetensorsSource(source_lib.BaseSource):
     if missing:
       raise errors.MissingShardError(f"{index}: shard file(s) missing: {', '.join(missing)}")
     for name in sorted(shards):
-      f = _File(folder.open(name))
+      f = SafetensorsFile(folder.open(name))
       absent = sorted(shards[name] - set(f.entries))
       if absent:
         raise errors.ContradictoryIndexMappingError(
@@ -513,7 +282,7 @@ class SafetensorsSource(source_lib.BaseSource):
       i = j
     return out
 
-  def _pread(self, f: _File, out: np.ndarray, offset: int, key: str) -> None:
+  def _pread(self, f: SafetensorsFile, out: np.ndarray, offset: int, key: str) -> None:
     """One positional read into ``out`` (whole tensors from ``key`` on); a failure names
     ``key``."""
     with self.reading(key, sel_lib.full_region(out.shape[1:])):
