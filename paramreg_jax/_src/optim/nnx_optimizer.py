@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.optim import mirrors as mirrors_lib
 from paramreg_jax._src.optim.reconcile import reconcile
 from paramreg_jax._src.optim.report import SurgeryReport
 
@@ -71,7 +71,7 @@ def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: An
     )
   step = None
   if isinstance(restored, Mapping) and "step" in restored:
-    step = dict(keyed_lib.state_leaves({"step": restored["step"]})).get(("step",))
+    step = dict(mirrors_lib.state_leaves({"step": restored["step"]})).get(("step",))
   for variable, value in zip(slots, values):
     variable.set_value(value)
   if step is not None:

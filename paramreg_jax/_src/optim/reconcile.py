@@ -25,6 +25,7 @@ from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src.optim import align
 from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.optim import mirrors as mirrors_lib
 from paramreg_jax._src.optim import resize as resize_lib
 from paramreg_jax._src.optim.report import SurgeryReport
 from paramreg_jax._src.optim.state_layout import Layout
@@ -35,7 +36,7 @@ from paramreg_jax._src.optim.state_layout import read_old_state
 from paramreg_jax._src.optim.state_layout import spec
 from paramreg_jax._src.registry import keys as keys_lib
 
-Path = keyed_lib.Path
+Path = mirrors_lib.Path
 
 
 def _fmt(spec: tuple[tuple[int, ...], Any]) -> str:
@@ -65,7 +66,7 @@ def reconcile(
       is used).
     state: the old state, in any form: live; restored by orbax with or without a target
       (plain nested dicts and lists); ``nnx.state(optimizer)`` (its ``opt_state`` is used,
-      ``{'value': x}`` levels are understood); or a state written by paramreg_jax < 0.2
+      ``{'value': x}`` levels are understood); or a state saved by the first keyed design
       (moments stored as ``{canonical key: leaf}``).
     params: the new parameter tree.
     on_missing: ``"init"`` gives new parameters fresh state; ``"error"`` refuses.
@@ -110,7 +111,7 @@ def reconcile(
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
   layout = new_layout(inner, params, by)
-  old = read_old_state(keyed_lib.optimizer_state(state), layout, rename, by)
+  old = read_old_state(mirrors_lib.optimizer_state(state), layout, rename, by)
   old = dataclasses.replace(old, params=params)
   layout = matching_form(layout, old)
   diff = _compare(layout, old)
@@ -165,7 +166,7 @@ def _realign(
 ) -> tuple[Layout, OldState, _Diff] | None:
   """The old state read by what its leaves are (``align``), when that fits the new optimizer:
   its moments and counts kept, the new optimizer's other state fresh, and said so."""
-  found = align.translate(keyed_lib.state_leaves(keyed_lib.optimizer_state(state)), layout)
+  found = align.translate(mirrors_lib.state_leaves(mirrors_lib.optimizer_state(state)), layout)
   if found is None:
     return None
   leaves, moves = found
@@ -348,7 +349,7 @@ def _fresh(inner: optax.GradientTransformation, params: Any, layout: Layout, dif
   """``tx.init``'s leaves, when some leaf needs them or hyperparameters are to be compared."""
   if not diff.needs_init and not _hyper_paths(layout):
     return {}
-  return dict(keyed_lib.state_leaves(inner.init(params)))
+  return dict(mirrors_lib.state_leaves(inner.init(params)))
 
 
 def _hyperparams_changed(
@@ -409,7 +410,7 @@ def _replicated_home(placement: dict[str, tuple[Any, Any]]) -> Any:
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
-def _param_shardings(params: Any, index: keyed_lib.ParamIndex) -> dict[str, tuple[Any, Any]]:
+def _param_shardings(params: Any, index: mirrors_lib.ParamIndex) -> dict[str, tuple[Any, Any]]:
   """``{key: (shape, sharding)}`` of the parameters that are placed ``jax.Array`` objects."""
   return {
     k: (tuple(x.shape), x.sharding)

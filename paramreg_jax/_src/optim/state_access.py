@@ -12,10 +12,10 @@ from typing import Any
 import jax
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.optim.keyed import ParamIndex
-from paramreg_jax._src.optim.keyed import _is_masked
-from paramreg_jax._src.optim.keyed import mirrors
-from paramreg_jax._src.optim.keyed import optimizer_state
+from paramreg_jax._src.optim.mirrors import ParamIndex
+from paramreg_jax._src.optim.mirrors import is_masked
+from paramreg_jax._src.optim.mirrors import mirrors
+from paramreg_jax._src.optim.mirrors import optimizer_state
 from paramreg_jax._src.registry import assign as registry_lib
 from paramreg_jax._src.registry import keys as keys_lib
 
@@ -56,7 +56,7 @@ def state_keys(state: Any, params: Any = None, *, by: registry_lib.By = "name") 
       ``nnx.state(optimizer)`` or ``optimizer.opt_state``.
     params: the parameters the state belongs to; needed because the state has the optimizer's
       own structure (its keys come from the parameters' paths). Without it, only the keys
-      stored in a state written by paramreg_jax < 0.2 are found.
+      stored in a state saved by the first keyed design are found.
     by: ``"name"`` or ``"position"`` keys.
 
   Returns:
@@ -122,7 +122,7 @@ def param_state(
     )
   out: dict[str, Any] = {}
   for prefix, node, keys in mirrors(state, index):
-    leaves = jax.tree_util.tree_leaves(node, is_leaf=_is_masked)
+    leaves = jax.tree_util.tree_leaves(node, is_leaf=is_masked)
     for k, leaf in zip(keys, leaves):
       if k == key:
         out["/".join(prefix) or "<root>"] = leaf

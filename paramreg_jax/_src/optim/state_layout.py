@@ -16,14 +16,15 @@ import numpy as np
 import optax
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.optim import keyed as keyed_lib
+from paramreg_jax._src.optim import check as check_lib
+from paramreg_jax._src.optim import mirrors as mirrors_lib
 from paramreg_jax._src.registry import keys as keys_lib
 
-Path = keyed_lib.Path
+Path = mirrors_lib.Path
 
 
 def spec(x: Any) -> tuple[tuple[int, ...], Any]:
-  return tuple(np.shape(x)), keyed_lib.dtype_of(x)  # numpy's or jax's extended (PRNG key) dtype
+  return tuple(np.shape(x)), mirrors_lib.dtype_of(x)  # numpy's or jax's extended (PRNG key) dtype
 
 
 Slot = tuple[Path, str]  # (mirror prefix in the state, parameter key)
@@ -34,7 +35,7 @@ class Layout:
   """Where the optimizer keeps what for the new parameters: ``tx.init``'s abstract state."""
 
   abstract: Any
-  index: keyed_lib.ParamIndex
+  index: mirrors_lib.ParamIndex
   prefixes: list[Path]  # the state's subtrees that mirror the parameters, longest first
   leaves: list[tuple[Path, Any]]  # (path in the state, ShapeDtypeStruct)
   slots: dict[Path, Slot | None]  # per-parameter leaves; None for counts, hyperparameters
@@ -56,13 +57,13 @@ def new_layout(
   inner: optax.GradientTransformation, params: Any, by: Literal["name", "position"]
 ) -> Layout:
   abstract = jax.eval_shape(inner.init, params)
-  index = keyed_lib.ParamIndex.of(params, by)
-  named = keyed_lib.ParamIndex.of(params, "name") if by == "position" else index
+  index = mirrors_lib.ParamIndex.of(params, by)
+  named = mirrors_lib.ParamIndex.of(params, "name") if by == "position" else index
   names = dict(zip(named.keys, index.keys))
   prefixes = sorted(
-    (prefix for prefix, _, _ in keyed_lib.mirrors(abstract, index)), key=len, reverse=True
+    (prefix for prefix, _, _ in mirrors_lib.mirrors(abstract, index)), key=len, reverse=True
   )
-  leaves = keyed_lib.state_leaves(abstract)
+  leaves = mirrors_lib.state_leaves(abstract)
   slots = slots_of(leaves, prefixes, names)
   later = functools.partial(later_forms, inner, params)
   return Layout(abstract, index, prefixes, leaves, slots, names, later)
@@ -74,7 +75,7 @@ def slots_of(
   """Each state leaf's (mirror prefix, parameter key), or None for counts, hyperparameters."""
   out: dict[Path, Slot | None] = {}
   for comps, _ in leaves:
-    slot = keyed_lib.slot_key(comps, prefixes)
+    slot = mirrors_lib.slot_key(comps, prefixes)
     out[comps] = None if slot is None else (slot[0], names.get(slot[1], slot[1]))
   return out
 
@@ -82,7 +83,7 @@ def slots_of(
 def later_forms(inner: optax.GradientTransformation, params: Any) -> list[Any]:
   """The abstract states after one and two updates (``optax.monitor`` fills its measurements
   at the first update): forms of this very optimizer's state, never a change of optimizer."""
-  return keyed_lib.stepped_states(inner, params, params, {}, 2)
+  return check_lib.stepped_states(inner, params, params, {}, 2)
 
 
 def plain_specs(layout: Layout) -> dict[Path, Any]:
@@ -96,7 +97,7 @@ def matching_form(layout: Layout, old: OldState) -> Layout:
   if all(specs.get(c) == spec for c, spec in plain_specs(layout).items()):
     return layout
   for abstract in layout.later:
-    leaves = keyed_lib.state_leaves(abstract)
+    leaves = mirrors_lib.state_leaves(abstract)
     slots = slots_of(leaves, layout.prefixes, layout.names)
     form = dataclasses.replace(layout, abstract=abstract, leaves=leaves, slots=slots)
     if all(specs.get(c) == spec for c, spec in plain_specs(form).items()):
@@ -133,22 +134,22 @@ def read_old_state(
   moved (a state found under a new wrapping)."""
   raw: dict[Slot, Any] = {}
   plain: dict[Path, Any] = {}
-  for comps, leaf in keyed_lib.state_leaves(state) if leaves is None else leaves:
-    slot = keyed_lib.slot_key(comps, layout.prefixes)
+  for comps, leaf in mirrors_lib.state_leaves(state) if leaves is None else leaves:
+    slot = mirrors_lib.slot_key(comps, layout.prefixes)
     if slot is None:
       plain[comps] = leaf
     else:
       raw[slot] = leaf
   known = {p for p in layout.slots if layout.slots[p] is None}
   if any(p not in known for p in plain):  # only then: forms the updates fill in
-    known |= {c for form in layout.later for c, _ in keyed_lib.state_leaves(form)}
+    known |= {c for form in layout.later for c, _ in mirrors_lib.state_leaves(form)}
   elsewhere = state_elsewhere(plain, known, {k for _, k in raw} | set(layout.names))
   if by == "position":
     try:
-      names = keyed_lib.positions_of(raw, state)
+      names = mirrors_lib.positions_of(raw, state)
     except ValueError as e:
       raise errors.ReconcileError(f"cannot reconcile by position: {e}") from None
-    raw = keyed_lib.rekey(raw, names)
+    raw = mirrors_lib.rekey(raw, names)
     elsewhere = {names.get(k, k): ps for k, ps in elsewhere.items()}
   fn = rename_fn(rename, {k for _, k in raw} | set(elsewhere))
   pairs = {key: fn(key) for key in {k for _, k in raw} | set(elsewhere)}
