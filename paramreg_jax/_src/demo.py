@@ -25,7 +25,9 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.optim import keyed as keyed_lib
 from paramreg_jax._src.optim import reconcile as reconcile_lib
 from paramreg_jax._src.optim import state_access
-from paramreg_jax._src.registry import assign as registry
+from paramreg_jax._src.registry import assign
+from paramreg_jax._src.registry.ids import ParamId
+from paramreg_jax._src.registry.registry import ParamRegistry
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore.planning import plan_restore
@@ -91,21 +93,21 @@ def shard(params: Any, mesh: jax.sharding.Mesh, axis: str) -> Any:
 
 def chapter_keys(params: Any) -> None:
   say("1. Every parameter gets a canonical key from its tree path")
-  reg, keys = registry.assign_keys(registry.ParamRegistry(), params)
+  reg, keys = assign.assign_keys(ParamRegistry(), params)
   for key, leaf in zip(jax.tree.leaves(keys), jax.tree.leaves(params)):
     print(f"   {key:<24} {leaf.shape!s:<10} {leaf.dtype}")
-  reg2, _ = registry.assign_keys(reg, jax.tree.map(lambda x: x * 0.5, params))
+  reg2, _ = assign.assign_keys(reg, jax.tree.map(lambda x: x * 0.5, params))
   print(f"   after an update the registry is unchanged (same ids): {reg2 == reg}")
 
   say(
     "2. Positional identity is checked, never silently reset",
     "Restoring p:0.. keys and presenting the leaves in another order:",
   )
-  positional, _ = registry.assign_keys(registry.ParamRegistry(), params, by="position")
-  saved = {k: positional.shape(registry.ParamId(i)) for i, k in enumerate(positional.keys())}
+  positional, _ = assign.assign_keys(ParamRegistry(), params, by="position")
+  saved = {k: positional.shape(ParamId(i)) for i, k in enumerate(positional.keys())}
   try:
-    registry.assign_ids(
-      registry.ParamRegistry.from_keys(saved),
+    assign.assign_ids(
+      ParamRegistry.from_keys(saved),
       list(reversed(jax.tree.leaves(params))),
       by="position",
     )

@@ -1,7 +1,4 @@
-"""The ``paramreg-jax`` command line: ``demo``, ``inspect``, ``plan``, ``match``, ``convert``, ``export``.
-
-Errors are one clear line on stderr and a non-zero exit status; ``--debug`` shows the traceback.
-"""
+"""The ``paramreg-jax`` commands, one function each (``cmd_<name>(args) -> exit status``)."""
 
 from __future__ import annotations
 
@@ -12,24 +9,10 @@ import os
 import pathlib
 import sys
 from collections.abc import Mapping
-from collections.abc import Sequence
 from typing import Any
 
 from paramreg_jax._src import errors
-
-
-def _ensure_virtual_devices(count: int = 8) -> None:
-  """``count`` CPU devices (unless ``XLA_FLAGS`` already asks for a number) and a thread pool
-  that cannot deadlock on collectives; effective until jax first initialises a backend."""
-  import re
-
-  from paramreg_jax._src import devices as devices_lib
-
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  asked = re.search(
-    r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
-  )
-  devices_lib.use_cpu_devices(int(asked.group(1)) if asked else count)
+from paramreg_jax._src.cli.output import problems
 
 
 def open_source(path: str, *, step: int | None = None, item: str | None = None) -> Any:
@@ -164,7 +147,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
   try:
     plan = plan_restore(target, src, **options)
   except errors.RestorePlanError as e:
-    return _problems(args, "the plan cannot bind", e)
+    return problems(args, "the plan cannot bind", e)
   if args.json:
     print(json.dumps({"ok": True, **plan.to_json()}, indent=1))
   else:
@@ -188,7 +171,7 @@ def cmd_match(args: argparse.Namespace) -> int:
   try:
     mapping = match(target, src, hints=hints, config=config)
   except errors.MatchError as e:
-    return _problems(args, "no complete mapping", e)
+    return problems(args, "no complete mapping", e)
   if args.json:
     rows = [{"target": t, "checkpoint": c, "reason": r} for t, c, r in mapping.rows()]
     print(
@@ -264,7 +247,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
       src, args.dst, target, **options, overwrite=args.overwrite, progress=_show_progress(args)
     )
   except (errors.MatchError, errors.RestorePlanError) as e:
-    return _problems(args, "no complete mapping", e)
+    return problems(args, "no complete mapping", e)
   summary = {
     "ok": True,
     "path": str(pathlib.Path(args.dst).absolute()),
@@ -304,7 +287,7 @@ def cmd_export(args: argparse.Namespace) -> int:
       progress=_show_progress(args),
     )
   except (errors.MatchError, errors.RestorePlanError, errors.ExportPlanError) as e:
-    return _problems(args, "cannot export", e)
+    return problems(args, "cannot export", e)
   files = sorted(p.name for p in pathlib.Path(args.dst).iterdir())
   if args.json:
     out = {"ok": True, "path": str(pathlib.Path(args.dst).absolute()), "files": files}
@@ -317,154 +300,8 @@ def cmd_export(args: argparse.Namespace) -> int:
   return 0
 
 
-class _Parser(argparse.ArgumentParser):
-  """Usage errors as the other errors: one line on stderr, and JSON on stdout with --json."""
+def cmd_demo(args: argparse.Namespace) -> int:
+  from paramreg_jax._src import demo
 
-  json_output = False
-
-  def error(self, message: str) -> Any:
-    if _Parser.json_output:
-      print(json.dumps({"ok": False, "error": message, "type": "UsageError"}, indent=1))
-    self.print_usage(sys.stderr)
-    print(f"paramreg-jax: error: UsageError: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _parser() -> argparse.ArgumentParser:
-  from paramreg_jax import __version__
-
-  parser = _Parser(
-    prog="paramreg-jax",
-    description="Stable parameter identities for JAX: keyed optax state, checkpoint restore.",
-  )
-  parser.add_argument("--version", action="version", version=f"paramreg-jax {__version__}")
-  parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-  sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-  demo = sub.add_parser("demo", help="run the end-to-end demo on 8 virtual CPU devices")
-  demo.add_argument(
-    "--workdir", default=None, help="where to write checkpoints (default: a temp dir)"
-  )
-  for name, text in (
-    ("inspect", "keys, shapes, dtypes and bytes of a checkpoint (reads no payload)"),
-    (
-      "convert",
-      "restore a foreign checkpoint through its recipes (or match) once and save it as an "
-      "orbax checkpoint in the target's own layout",
-    ),
-    (
-      "export",
-      "write parameters (an orbax checkpoint in the target's layout) back in the layout of "
-      "another checkpoint (--like), as Hugging Face safetensors shards",
-    ),
-    ("plan", "the restore plan of a checkpoint against a target tree; exit 1 if it cannot bind"),
-    (
-      "match",
-      "propose the recipes that restore a target from a foreign checkpoint, as a table "
-      "and as code; exit 1 if something is unmatched or ambiguous",
-    ),
-  ):
-    p = sub.add_parser(name, help=text)
-    p.add_argument(
-      "path",
-      help="an orbax checkpoint directory or a safetensors file/directory/index (a path or a "
-      "URL: https://, gs://, s3://, hf://)",
-    )
-    if name in ("convert", "export"):
-      p.add_argument("dst", help="the directory to write")
-      p.add_argument("--overwrite", action="store_true", help="replace dst if it exists")
-    if name == "export":
-      p.add_argument(
-        "--like",
-        required=True,
-        help="the checkpoint whose layout to write (the one the parameters came from)",
-      )
-      p.add_argument(
-        "--max-shard-bytes",
-        type=int,
-        default=5_000_000_000,
-        help="the largest shard file (default 5 GB, as transformers)",
-      )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument(
-      "--step", type=int, default=None, help="CheckpointManager step (default: latest)"
-    )
-    p.add_argument("--item", default=None, help="CheckpointManager item name")
-    if name in ("plan", "match", "convert", "export"):
-      p.add_argument(
-        "--target",
-        required=True,
-        help="MODULE:FUNCTION returning the abstract target tree, or a dict with 'target' and "
-        "plan_restore options (recipes, aliases, rename, exclude, dtype_policy)",
-      )
-    if name in ("match", "convert", "export"):
-      p.add_argument(
-        "--hint",
-        action="append",
-        metavar="TARGET=CHECKPOINT",
-        help="settle a parameter by a checkpoint name or part of one, in every layer "
-        "(e.g. layers/attn_norm/scale=input_layernorm); repeatable",
-      )
-      p.add_argument(
-        "--config",
-        default=None,
-        help="the model's config.json, when it is not beside the weights",
-      )
-  return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  """Entry point of ``paramreg-jax`` / ``python -m paramreg_jax``; returns the exit status."""
-  for stream in (sys.stdout, sys.stderr):  # names that are not valid UTF-8 print escaped
-    reconfigure = getattr(stream, "reconfigure", None)
-    if reconfigure is not None:
-      reconfigure(errors="backslashreplace")
-  _Parser.json_output = "--json" in (sys.argv[1:] if argv is None else list(argv))
-  args = _parser().parse_args(argv)
-  _ensure_virtual_devices()
-  try:
-    if args.command == "demo":
-      from paramreg_jax._src import demo
-
-      demo.run(workdir=args.workdir)
-      return 0
-    if args.command == "inspect":
-      return cmd_inspect(args)
-    if args.command == "match":
-      return cmd_match(args)
-    if args.command == "convert":
-      return cmd_convert(args)
-    if args.command == "export":
-      return cmd_export(args)
-    return cmd_plan(args)
-  except KeyboardInterrupt:
-    _fail(args, "interrupted", "KeyboardInterrupt")
-    return 130
-  except Exception as e:  # one clear line unless --debug
-    if args.debug:
-      raise
-    if isinstance(e, errors.ParamRegError):
-      _fail(args, " ".join(str(e).split()), type(e).__name__)
-    else:  # not one of ours: the root type, the cause named beside it
-      message = f"{type(e).__name__}: {' '.join(str(e).split())}"
-      _fail(args, message, "ParamRegError", cause=type(e).__name__)
-    return 1
-
-
-def _problems(args: argparse.Namespace, headline: str, error: Any) -> int:
-  """Every problem of ``error`` (its ``.problems``): listed on stderr, or as JSON on stdout
-  (with the one-line error on stderr); exit status 1."""
-  message = f"{headline} ({len(error.problems)} problem(s))"
-  if args.json:
-    _fail(args, message, type(error).__name__, problems=list(error.problems))
-  else:
-    print(f"paramreg-jax: error: {type(error).__name__}: {message}:", file=sys.stderr)
-    for p in error.problems:
-      print(f"  - {p}", file=sys.stderr)
-  return 1
-
-
-def _fail(args: argparse.Namespace, message: str, kind: str, **extra: Any) -> None:
-  """One line on stderr; with ``--json`` also ``{"error", "type", ...}`` on stdout."""
-  if getattr(args, "json", False):
-    print(json.dumps({"ok": False, "error": message, "type": kind, **extra}, indent=1))
-  print(f"paramreg-jax: error: {kind}: {message}", file=sys.stderr)
+  demo.run(workdir=args.workdir)
+  return 0
