@@ -121,8 +121,6 @@ def chapter_keys(params: Any) -> None:
 
 def run(*, workdir: str | None = None) -> None:
   """Runs every chapter of the demo and prints what happens."""
-  import orbax.checkpoint as ocp
-
   with tempfile.TemporaryDirectory() as tmp:
     workdir = workdir or tmp
     devices = np.array(jax.devices())
@@ -132,71 +130,92 @@ def run(*, workdir: str | None = None) -> None:
     v1 = Net(hidden=1, head="head", rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(v1, nnx.Param)
     chapter_keys(params)
-
-    say(
-      "3. Train with a keyed optimizer, save params + optimizer state with orbax",
-      "keyed(adamw): optax's own state and updates, bit for bit; parameter keys come from paths.",
-    )
-    mesh8 = jax.sharding.Mesh(devices.reshape(8), ("x",))
-    params = jax.device_put(params, shard(params, mesh8, "x"))
-    tx = keyed_lib.keyed(optax.adamw(2e-2))
-    params, state, loss = train(graphdef, params, tx, tx.init(params), 80)
-    print(f"   80 steps on mesh {dict(mesh8.shape)}, loss {loss:.4f}")
-    held = sorted(state_access.state_keys(state, params))
-    print(f"   adam moments held for: {', '.join(held[:3])}, ... ({len(held)} keys, from paths)")
-    manager = ocp.CheckpointManager(f"{workdir}/ckpts", item_names=("params", "opt"))
-    manager.save(
-      80,
-      args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt=ocp.args.StandardSave(state)
-      ),
-    )
-    manager.wait_until_finished()
-    print(f"   CheckpointManager step 80 -> {workdir}/ckpts (items: params, opt)")
-
-    say(
-      "4. Model surgery: add a hidden layer, rename 'head' to 'readout'",
-      "The new model is only described abstractly (nnx.eval_shape), on a (4, 2) mesh.",
-    )
-    mesh42 = jax.sharding.Mesh(devices.reshape(4, 2), ("data", "model"))
-    v2_abstract = nnx.eval_shape(lambda: Net(hidden=2, head="readout", rngs=nnx.Rngs(1)))
-    graphdef2, abstract = nnx.split(v2_abstract, nnx.Param)
-    shardings = shard(abstract, mesh42, "model")
-    target = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
-    )
-    src = OrbaxSource(f"{workdir}/ckpts", item="params")
-    try:
-      plan_restore(target, src)
-    except errors.RestorePlanError as e:
-      print("   a naive restore is refused before reading anything:")
-      for p in e.problems:
-        print(f"     - {p}")
-    rename = [(r"head/(.*)", r"readout/\1"), (r"(.*)", r"\1")]
-    plan = plan_restore(target, src, rename=rename, exclude=["hidden/1/**"])
-    print("   with rename rules (head/* -> readout/*) and the new layer excluded:")
-    print(indent(str(plan)))
-    print(f"   payload bytes read while planning: {src.stats.bytes_read}")
-
-    say("5. Materialize into the new mesh, then bind all or nothing")
-    fresh = nnx.state(Net(hidden=2, head="readout", rngs=nnx.Rngs(1)), nnx.Param)
-    fresh = jax.device_put(fresh, shardings)  # the new layer keeps this initialisation
-    unit = materialize_lib.materialize(plan)
-    new_params = bind_lib.bind(fresh, unit, exclude=["hidden/1/**"])
-    kernel = new_params["readout"]["kernel"].value
-    print(
-      f"   {len(unit)} weights built, {src.stats.bytes_read} bytes read; readout/kernel on "
-      f"{kernel.sharding.spec} over mesh {dict(mesh42.shape)}"
-    )
-    same = bool(jnp.all(kernel == params["head"]["kernel"].value))
-    print(f"   readout/kernel equals the trained head/kernel: {same}")
-
-    say("6. Resume the optimizer: restore without a target, reconcile by key")
-    raw = manager.restore(80, args=ocp.args.Composite(opt=ocp.args.StandardRestore()))["opt"]
-    key_rename = {f"n:head/{n}": f"n:readout/{n}" for n in ("kernel", "bias")}
-    state, report = reconcile_lib.reconcile(tx, raw, new_params, rename=key_rename)
-    print(indent(str(report)))
-    new_params, state, loss = train(graphdef2, new_params, tx, state, 60)
-    print(f"   60 more steps on the bigger model, loss {loss:.4f}")
-    manager.close()
+    params, tx, manager = chapter_train(graphdef, params, devices, workdir)
+    plan, src, shardings, mesh42, graphdef2 = chapter_surgery(devices, workdir)
+    new_params = chapter_bind(plan, src, params, shardings, mesh42)
+    chapter_resume(manager, tx, new_params, graphdef2)
     say("done", "Everything above is in the docs (docs/) and the notebooks.")
+
+
+def chapter_train(graphdef: Any, params: Any, devices: np.ndarray, workdir: str) -> tuple:
+  """3: a keyed optimizer trains on 8 devices; params and its state are saved with orbax."""
+  import orbax.checkpoint as ocp
+
+  say(
+    "3. Train with a keyed optimizer, save params + optimizer state with orbax",
+    "keyed(adamw): optax's own state and updates, bit for bit; parameter keys come from paths.",
+  )
+  mesh8 = jax.sharding.Mesh(devices.reshape(8), ("x",))
+  params = jax.device_put(params, shard(params, mesh8, "x"))
+  tx = keyed_lib.keyed(optax.adamw(2e-2))
+  params, state, loss = train(graphdef, params, tx, tx.init(params), 80)
+  print(f"   80 steps on mesh {dict(mesh8.shape)}, loss {loss:.4f}")
+  held = sorted(state_access.state_keys(state, params))
+  print(f"   adam moments held for: {', '.join(held[:3])}, ... ({len(held)} keys, from paths)")
+  manager = ocp.CheckpointManager(f"{workdir}/ckpts", item_names=("params", "opt"))
+  manager.save(
+    80,
+    args=ocp.args.Composite(params=ocp.args.StandardSave(params), opt=ocp.args.StandardSave(state)),
+  )
+  manager.wait_until_finished()
+  print(f"   CheckpointManager step 80 -> {workdir}/ckpts (items: params, opt)")
+  return params, tx, manager
+
+
+def chapter_surgery(devices: np.ndarray, workdir: str) -> tuple:
+  """4: a changed model, described abstractly on a new mesh, planned from the checkpoint."""
+  say(
+    "4. Model surgery: add a hidden layer, rename 'head' to 'readout'",
+    "The new model is only described abstractly (nnx.eval_shape), on a (4, 2) mesh.",
+  )
+  mesh42 = jax.sharding.Mesh(devices.reshape(4, 2), ("data", "model"))
+  v2_abstract = nnx.eval_shape(lambda: Net(hidden=2, head="readout", rngs=nnx.Rngs(1)))
+  graphdef2, abstract = nnx.split(v2_abstract, nnx.Param)
+  shardings = shard(abstract, mesh42, "model")
+  target = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+  )
+  src = OrbaxSource(f"{workdir}/ckpts", item="params")
+  try:
+    plan_restore(target, src)
+  except errors.RestorePlanError as e:
+    print("   a naive restore is refused before reading anything:")
+    for p in e.problems:
+      print(f"     - {p}")
+  rename = [(r"head/(.*)", r"readout/\1"), (r"(.*)", r"\1")]
+  plan = plan_restore(target, src, rename=rename, exclude=["hidden/1/**"])
+  print("   with rename rules (head/* -> readout/*) and the new layer excluded:")
+  print(indent(str(plan)))
+  print(f"   payload bytes read while planning: {src.stats.bytes_read}")
+  return plan, src, shardings, mesh42, graphdef2
+
+
+def chapter_bind(plan: Any, src: Any, params: Any, shardings: Any, mesh42: Any) -> Any:
+  """5: the plan materialized into the new mesh and bound all or nothing."""
+  say("5. Materialize into the new mesh, then bind all or nothing")
+  fresh = nnx.state(Net(hidden=2, head="readout", rngs=nnx.Rngs(1)), nnx.Param)
+  fresh = jax.device_put(fresh, shardings)  # the new layer keeps this initialisation
+  unit = materialize_lib.materialize(plan)
+  new_params = bind_lib.bind(fresh, unit, exclude=["hidden/1/**"])
+  kernel = new_params["readout"]["kernel"].value
+  print(
+    f"   {len(unit)} weights built, {src.stats.bytes_read} bytes read; readout/kernel on "
+    f"{kernel.sharding.spec} over mesh {dict(mesh42.shape)}"
+  )
+  same = bool(jnp.all(kernel == params["head"]["kernel"].value))
+  print(f"   readout/kernel equals the trained head/kernel: {same}")
+  return new_params
+
+
+def chapter_resume(manager: Any, tx: Any, new_params: Any, graphdef2: Any) -> None:
+  """6: the optimizer state restored without a target and reconciled by key."""
+  import orbax.checkpoint as ocp
+
+  say("6. Resume the optimizer: restore without a target, reconcile by key")
+  raw = manager.restore(80, args=ocp.args.Composite(opt=ocp.args.StandardRestore()))["opt"]
+  key_rename = {f"n:head/{n}": f"n:readout/{n}" for n in ("kernel", "bias")}
+  state, report = reconcile_lib.reconcile(tx, raw, new_params, rename=key_rename)
+  print(indent(str(report)))
+  new_params, state, loss = train(graphdef2, new_params, tx, state, 60)
+  print(f"   60 more steps on the bigger model, loss {loss:.4f}")
+  manager.close()
