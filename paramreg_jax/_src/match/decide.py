@@ -276,24 +276,27 @@ def _split_fused(
       "weights; match(..., config=...) for others), or give each part as a hint, "
       f"e.g. hints={{{names[0]!r}: R.source({keys[0]!r}, prj.Indices({axis}, [rows...]))}}"
     )
+  how = "" if layout == "contiguous" else f" ({str(layout).replace('_', ' ')} layout)"
   for name, part in zip(names, present):
-    shape, picked = per_layer[name], rows[part]
-    contiguous = picked == list(range(picked[0], picked[0] + len(picked)))
-    selection: Any = (
-      Range(axis, picked[0], picked[0] + len(picked))
-      if contiguous
-      else Indices(axis, tuple(picked))
-    )
-    layers = [_part(key, selection, stored, axis, len(picked), shape) for key in keys]
-    how = "" if layout == "contiguous" else f" ({str(layout).replace('_', ' ')} layout)"
+    layers = _part_layers(rows[part], keys, axis, stored, per_layer[name])
     reason = f"part of fused {keys[0]!r}{how}"
-    if stacked:
-      proposals[name] = Proposal(
-        name, ops.stack(layers, axis=0), f"{reason}, stacked {len(keys)} layers", keys
-      )
-    else:
-      proposals[name] = Proposal(name, layers[0], reason, keys)
+    proposals[name] = (
+      Proposal(name, ops.stack(layers, axis=0), f"{reason}, stacked {len(keys)} layers", keys)
+      if stacked
+      else Proposal(name, layers[0], reason, keys)
+    )
   return None
+
+
+def _part_layers(
+  picked: list[int], keys: tuple[str, ...], axis: int, stored: tuple[int, ...], shape: Any
+) -> list[ops.Recipe]:
+  """One part (rows ``picked`` along ``axis``) of each fused tensor in ``keys``."""
+  contiguous = picked == list(range(picked[0], picked[0] + len(picked)))
+  selection: Any = (
+    Range(axis, picked[0], picked[0] + len(picked)) if contiguous else Indices(axis, tuple(picked))
+  )
+  return [_part(key, selection, stored, axis, len(picked), shape) for key in keys]
 
 
 def _part(
@@ -343,49 +346,69 @@ def tie_heads(
     tc = concepts(slot.name)
     shape = tuple(slot.shape)
     if "head" in tc.tokens and tc.kind == "w" and embed is not None:
-      eshape = tuple(embed.shape)
-      if shape in (eshape, eshape[::-1]):
-        fits = [k for k in unused if ck.shapes.get(k) in (shape, shape[::-1])]
-        if ck.facts.tied is False:
-          problems.append(
-            f"{slot.name} {shape}: unmatched: the config says tie_word_embeddings=false, and "
-            "no checkpoint tensor is named like a head"
-            + (f" (unused and of its shape: {', '.join(map(repr, fits[:4]))})" if fits else "")
-            + "; pass the head's tensor as a hint"
-          )
-          continue
-        if fits and ck.facts.tied is not True:
-          problems.append(
-            f"{slot.name} {shape}: ambiguous: it could be tied to the embedding "
-            f"({embed.name}), or be the unused {', '.join(map(repr, fits[:4]))} of its shape, "
-            f"and nothing says which; pass hints={{{slot.name!r}: {fits[0]!r}}}, or restore "
-            "from a source with the config.json that says tie_word_embeddings"
-          )
-          continue
-        evidence_ = "config: tie_word_embeddings" if ck.facts.tied else "no head tensor"
-        if shape == eshape:
-          why = f"tied to the embedding ({evidence_})"
-          proposals[slot.name] = Proposal(slot.name, None, why, (), embed.name)
-        else:
-          owner = proposals[embed.name]
-          recipe = ops.transpose(owner.recipe, (1, 0))  # type: ignore[arg-type]
-          why = f"tied to the embedding, transposed ({evidence_})"
-          proposals[slot.name] = Proposal(slot.name, recipe, why, owner.keys)
+      if shape in (tuple(embed.shape), tuple(embed.shape)[::-1]):
+        _tie_head(slot, embed, proposals, problems, ck, unused)
         continue
-    near = distinct(ranked.get(slot.name, []))
-    tied = [c for c in near if c.score == near[0].score] if near else []
-    if len(tied) > 1:  # several fit the shape and none the name better than the others
-      lead = f"{slot.name} {shape}: its name matches no checkpoint name;"
-      problems.append(ambiguous(slot.name, tied, lead))
-      continue
-    listed = "".join(f"\n{_listed(c)}" for c in near[:_LISTED])
-    more = f"\n      ... and {len(near) - _LISTED} more" if len(near) > _LISTED else ""
+    problems.append(_unmatched(slot, ranked))
+
+
+def _tie_head(
+  slot: Any,
+  embed: Any,
+  proposals: dict[str, Proposal],
+  problems: list[str],
+  ck: evidence.Checkpoint,
+  unused: list[str],
+) -> None:
+  """A head of the embedding's shape (or its transpose): tied, unless the config says it is
+  not or an unused tensor of its shape could be it and nothing says which."""
+  shape, eshape = tuple(slot.shape), tuple(embed.shape)
+  fits = [k for k in unused if ck.shapes.get(k) in (shape, shape[::-1])]
+  if ck.facts.tied is False:
     problems.append(
-      f"{slot.name} {shape}: unmatched: no checkpoint tensor at "
-      f"{'layer ' + str(tc.indices) if tc.indices else 'this level'} fits its name and shape"
-      + (f"; what fits its shape, closest name first:{listed}{more}" if near else "")
-      + (f"\n    name the right one: hints={{{slot.name!r}: '<checkpoint name>'}}" if near else "")
+      f"{slot.name} {shape}: unmatched: the config says tie_word_embeddings=false, and "
+      "no checkpoint tensor is named like a head"
+      + (f" (unused and of its shape: {', '.join(map(repr, fits[:4]))})" if fits else "")
+      + "; pass the head's tensor as a hint"
     )
+    return
+  if fits and ck.facts.tied is not True:
+    problems.append(
+      f"{slot.name} {shape}: ambiguous: it could be tied to the embedding "
+      f"({embed.name}), or be the unused {', '.join(map(repr, fits[:4]))} of its shape, "
+      f"and nothing says which; pass hints={{{slot.name!r}: {fits[0]!r}}}, or restore "
+      "from a source with the config.json that says tie_word_embeddings"
+    )
+    return
+  evidence_ = "config: tie_word_embeddings" if ck.facts.tied else "no head tensor"
+  if shape == eshape:
+    why = f"tied to the embedding ({evidence_})"
+    proposals[slot.name] = Proposal(slot.name, None, why, (), embed.name)
+  else:
+    owner = proposals[embed.name]
+    recipe = ops.transpose(owner.recipe, (1, 0))  # type: ignore[arg-type]
+    why = f"tied to the embedding, transposed ({evidence_})"
+    proposals[slot.name] = Proposal(slot.name, recipe, why, owner.keys)
+
+
+def _unmatched(slot: Any, ranked: dict[str, list[Candidate]]) -> str:
+  """The problem of a target no candidate was decided for: ambiguous among equals, or
+  unmatched with what fits its shape, closest name first."""
+  tc = concepts(slot.name)
+  shape = tuple(slot.shape)
+  near = distinct(ranked.get(slot.name, []))
+  tied = [c for c in near if c.score == near[0].score] if near else []
+  if len(tied) > 1:  # several fit the shape and none the name better than the others
+    lead = f"{slot.name} {shape}: its name matches no checkpoint name;"
+    return ambiguous(slot.name, tied, lead)
+  listed = "".join(f"\n{_listed(c)}" for c in near[:_LISTED])
+  more = f"\n      ... and {len(near) - _LISTED} more" if len(near) > _LISTED else ""
+  return (
+    f"{slot.name} {shape}: unmatched: no checkpoint tensor at "
+    f"{'layer ' + str(tc.indices) if tc.indices else 'this level'} fits its name and shape"
+    + (f"; what fits its shape, closest name first:{listed}{more}" if near else "")
+    + (f"\n    name the right one: hints={{{slot.name!r}: '<checkpoint name>'}}" if near else "")
+  )
 
 
 def names(problem: str, name: str) -> bool:

@@ -53,11 +53,9 @@ def slots(target: Any) -> tuple[list[Any], Any, list[Slot]]:
   found: list[Slot] = []
   names: list[str] = []
   paths = []
-  all_names = keys_lib.paths_to_names([path for path, _ in flat])
-  for i, (path, leaf) in enumerate(flat):
-    if not is_slot(leaf):
-      continue
-    name = all_names[i]
+  at = [i for i, (_, leaf) in enumerate(flat) if is_slot(leaf)]
+  for i, name in zip(at, keys_lib.paths_to_names([flat[i][0] for i in at])):
+    path, leaf = flat[i]
     names.append(name)
     paths.append(path)
     sharding = getattr(leaf, "sharding", None)
