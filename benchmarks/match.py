@@ -20,7 +20,7 @@ import paramreg_jax as prj
 from paramreg_jax.sources import TensorMetadata
 
 
-class Catalogue(prj.sources.MemorySource):
+class Catalogue(prj.MemorySource):
   """Metadata only (a 7B-shaped checkpoint without 13 GB of zeros)."""
 
   def __init__(self, shapes: dict[str, tuple[int, ...]]):

@@ -37,8 +37,8 @@ def main() -> None:
   from safetensors.numpy import load_file
   from safetensors.numpy import save_file
 
-  from paramreg_jax.sources import OrbaxSource
-  from paramreg_jax.sources import SafetensorsSource
+  from paramreg_jax import OrbaxSource
+  from paramreg_jax import SafetensorsSource
 
   per = int(args.gb * 2**30) // args.tensors // 4
   cols = 1024

@@ -4,25 +4,19 @@ Every parameter gets a canonical key from its tree path (``n:encoder/0/kernel``)
 state, checkpoint entries, recipes, reports and errors all use it.
 """
 
+from paramreg_jax import errors as errors
+from paramreg_jax import recipes as recipes
+from paramreg_jax import sources as sources
+from paramreg_jax._src import deprecation as _deprecation
 from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import ExportError
-from paramreg_jax._src.errors import ExportPlanError
-from paramreg_jax._src.errors import KeyCollisionError
-from paramreg_jax._src.errors import MalformedKeyError
 from paramreg_jax._src.errors import MatchError
 from paramreg_jax._src.errors import MaterializationError
-from paramreg_jax._src.errors import NamedSlotHijackError
-from paramreg_jax._src.errors import OrderingContractError
 from paramreg_jax._src.errors import ParamRegError
-from paramreg_jax._src.errors import PatternError
-from paramreg_jax._src.errors import RecipeError
 from paramreg_jax._src.errors import ReconcileError
 from paramreg_jax._src.errors import RestorePlanError
-from paramreg_jax._src.errors import ShapeMismatchError
 from paramreg_jax._src.errors import StateMismatchError
-from paramreg_jax._src.errors import StoreError
-from paramreg_jax._src.errors import UnknownKeyPrefixError
 from paramreg_jax._src.export import ExportPlan
 from paramreg_jax._src.export import convert
 from paramreg_jax._src.export import export
@@ -57,9 +51,6 @@ from paramreg_jax._src.restore.pipeline import restore
 from paramreg_jax._src.restore.plan import PlanEntry
 from paramreg_jax._src.restore.plan import RestorePlan
 from paramreg_jax._src.restore.planning import plan_restore
-from paramreg_jax._src.sources.base import CheckpointLease
-from paramreg_jax._src.sources.base import CheckpointSource
-from paramreg_jax._src.sources.base import TensorMetadata
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
@@ -69,47 +60,54 @@ from paramreg_jax._src.sources.selection import Range
 
 __version__ = "0.1.0.dev0"
 
+# moved in 0.1.0.dev0; importable from here, with a DeprecationWarning, until after 0.1
+__getattr__ = _deprecation.moved(
+  "paramreg_jax",
+  {
+    "ExportPlanError": "paramreg_jax.errors",
+    "KeyCollisionError": "paramreg_jax.errors",
+    "MalformedKeyError": "paramreg_jax.errors",
+    "NamedSlotHijackError": "paramreg_jax.errors",
+    "OrderingContractError": "paramreg_jax.errors",
+    "PatternError": "paramreg_jax.errors",
+    "RecipeError": "paramreg_jax.errors",
+    "ShapeMismatchError": "paramreg_jax.errors",
+    "StoreError": "paramreg_jax.errors",
+    "UnknownKeyPrefixError": "paramreg_jax.errors",
+    "CheckpointLease": "paramreg_jax.sources",
+    "CheckpointSource": "paramreg_jax.sources",
+    "TensorMetadata": "paramreg_jax.sources",
+  },
+)
+
 __all__ = (
   "INDEXED_KEY_PREFIX",
   "NAMED_KEY_PREFIX",
   "BindError",
-  "CheckpointLease",
-  "CheckpointSource",
   "DebiasAddedState",
   "ExportError",
   "ExportPlan",
-  "ExportPlanError",
   "Full",
   "Indices",
   "JaxBackend",
-  "KeyCollisionError",
-  "MalformedKeyError",
   "Match",
   "MatchError",
   "MaterializationError",
   "MaterializedUnit",
   "MemorySource",
-  "NamedSlotHijackError",
   "OrbaxSource",
-  "OrderingContractError",
   "ParamId",
   "ParamRegError",
   "ParamRegistry",
   "ParameterBackend",
-  "PatternError",
   "PlanEntry",
   "Range",
-  "RecipeError",
   "ReconcileError",
   "RestorePlan",
   "RestorePlanError",
   "SafetensorsSource",
-  "ShapeMismatchError",
   "StateMismatchError",
-  "StoreError",
   "SurgeryReport",
-  "TensorMetadata",
-  "UnknownKeyPrefixError",
   "assign_ids",
   "assign_keys",
   "bind",

@@ -19,8 +19,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import paramreg_jax as prj  # noqa: E402
+from paramreg_jax import MemorySource  # noqa: E402
 from paramreg_jax import recipes as R  # noqa: E402
-from paramreg_jax.sources import MemorySource  # noqa: E402
 
 restores, layers = int(sys.argv[1]), int(sys.argv[2])
 mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))

@@ -5,6 +5,7 @@ import inspect
 import pytest
 
 import paramreg_jax
+import paramreg_jax.errors
 import paramreg_jax.recipes
 import paramreg_jax.sources
 
@@ -21,7 +22,7 @@ def test_all_is_sorted_and_unique(module):
   assert len(names) == len(set(names))
 
 
-MODULES = [paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources]
+MODULES = [paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources, paramreg_jax.errors]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

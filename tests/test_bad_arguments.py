@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MemorySource
 
 SRC = MemorySource({"w": np.ones(3, np.float32)})
 TARGET = {"w": jnp.zeros(3)}

@@ -18,13 +18,13 @@ import pytest
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import OrbaxSource
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MalformedIndexError
-from paramreg_jax.sources import MalformedSafetensorsError
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import OrbaxSource
-from paramreg_jax.sources import SafetensorsSource
-from paramreg_jax.sources import StoreError
+from paramreg_jax.errors import MalformedIndexError
+from paramreg_jax.errors import MalformedSafetensorsError
+from paramreg_jax.errors import StoreError
 
 TENSORS = {f"w{i}": np.full((64, 32), i, np.float32) for i in range(5)}
 
@@ -114,7 +114,7 @@ RACE = textwrap.dedent(
   import jax, jax.numpy as jnp, numpy as np
   from safetensors.numpy import save_file
   import paramreg_jax as prj
-  from paramreg_jax.sources import SafetensorsSource
+  from paramreg_jax import SafetensorsSource
 
   path = sys.argv[1]
   tensors = {f"w{i}": np.full((512, 512), i, np.float32) for i in range(16)}

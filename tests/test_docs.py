@@ -13,6 +13,7 @@ from runtime_only import run_as_user
 from runtime_only import runtime_view
 
 import paramreg_jax
+import paramreg_jax.errors
 import paramreg_jax.recipes
 import paramreg_jax.sources
 
@@ -82,7 +83,9 @@ def _documented():
 
 
 @pytest.mark.parametrize(
-  "module", [paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources], ids=lambda m: m.__name__
+  "module",
+  [paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources, paramreg_jax.errors],
+  ids=lambda m: m.__name__,
 )
 def test_every_public_name_has_an_api_page(module):
   documented = _documented()

@@ -27,10 +27,10 @@ from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import Range
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import Range
-from paramreg_jax.sources import SafetensorsSource
 
 
 def case_target(name, style_name):

@@ -23,9 +23,9 @@ from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
 from paramreg_jax._src.export import staging as staging_lib
-from paramreg_jax.sources import SafetensorsSource
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -143,7 +143,7 @@ sys.path.insert(0, {tests!r})
 import numpy as np, jax
 import paramreg_jax as prj
 from paramreg_jax._src.export import staging
-from paramreg_jax.sources import SafetensorsSource
+from paramreg_jax import SafetensorsSource
 src = SafetensorsSource({ck!r})
 params = {{"embed": np.full((4, 3), 7, np.float32)}}
 if {fallback!r}:

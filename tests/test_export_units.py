@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import Range
 from paramreg_jax import recipes as R
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.export import writer
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import Range
 
 
 def test_a_header_is_what_the_safetensors_package_reads(tmp_path):

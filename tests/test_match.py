@@ -18,10 +18,10 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import SafetensorsSource
 
 L, D, H, HKV, DH, FF, V = 2, 16, 4, 2, 4, 24, 32
 rng = np.random.default_rng(0)

@@ -23,10 +23,10 @@ from flax import nnx
 from safetensors import safe_open
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MalformedConfigError
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import SafetensorsSource
+from paramreg_jax.errors import MalformedConfigError
 
 CASES = sorted(hf.ARCHS)
 rng = np.random.default_rng(0)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import SafetensorsSource
 
 rng = np.random.default_rng(0)
 CASES = sorted(hf.ARCHS)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import paramreg_jax as prj
-from paramreg_jax.sources import SafetensorsSource
+from paramreg_jax import SafetensorsSource
 
 NAME = "whisper"
 

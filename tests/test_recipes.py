@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from paramreg_jax import Full
+from paramreg_jax import Indices
+from paramreg_jax import MemorySource
+from paramreg_jax import Range
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import Full
-from paramreg_jax.sources import Indices
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import Range
 
 
 def seed_source():

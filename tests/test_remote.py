@@ -22,10 +22,10 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MissingShardError
-from paramreg_jax.sources import SafetensorsSource
-from paramreg_jax.sources import SourceIOError
+from paramreg_jax.errors import MissingShardError
+from paramreg_jax.errors import SourceIOError
 
 ROWS, COLS, COUNT = 256, 512, 8
 

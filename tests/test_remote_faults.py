@@ -19,8 +19,8 @@ from http_server import Server
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
-from paramreg_jax.sources import SafetensorsSource
-from paramreg_jax.sources import SourceIOError
+from paramreg_jax import SafetensorsSource
+from paramreg_jax.errors import SourceIOError
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import OrbaxSource
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import OrbaxSource
-from paramreg_jax.sources import SafetensorsSource
 
 
 def sds(shape, dtype=jnp.float32, sharding=None):

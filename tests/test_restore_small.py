@@ -17,12 +17,12 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
 from paramreg_jax._src.restore import contract as backend_lib
 from paramreg_jax._src.restore import transfer
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import SafetensorsSource
-from paramreg_jax.sources import UnknownTensorError
+from paramreg_jax.errors import UnknownTensorError
 
 MESH = jax.make_mesh((4, 2), ("x", "y"))
 SPECS = [P(), P("x"), P("y"), P(None, "y"), P("x", "y"), P("y", "x"), P(("x", "y"))]
@@ -197,7 +197,7 @@ def test_the_public_transfer_is_used_when_asked(tmp_path):
     "import paramreg_jax as prj; prj.use_cpu_devices(8)\n"
     "from paramreg_jax._src.restore import transfer; import numpy as np, jax\n"
     "assert transfer._TRANSFER is None\n"
-    "from paramreg_jax.sources import MemorySource\n"
+    "from paramreg_jax import MemorySource\n"
     "from jax.sharding import NamedSharding, PartitionSpec as P\n"
     "s = NamedSharding(jax.make_mesh((4, 2), ('x', 'y')), P('x', 'y'))\n"
     "src = MemorySource({'w': np.arange(64, dtype=np.float32).reshape(8, 8)})\n"

@@ -17,8 +17,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from paramreg_jax.sources import SafetensorsSource
-from paramreg_jax.sources import StoreError
+from paramreg_jax import SafetensorsSource
+from paramreg_jax.errors import StoreError
 
 DTYPES = {
   "F64": np.float64,

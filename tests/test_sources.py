@@ -14,23 +14,23 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
+from paramreg_jax import Indices
+from paramreg_jax import MemorySource
+from paramreg_jax import OrbaxSource
+from paramreg_jax import Range
+from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
+from paramreg_jax.errors import ContradictoryIndexMappingError
+from paramreg_jax.errors import InvalidRegionError
+from paramreg_jax.errors import MalformedIndexError
+from paramreg_jax.errors import MalformedSafetensorsError
+from paramreg_jax.errors import MissingShardError
+from paramreg_jax.errors import StoreError
+from paramreg_jax.errors import UnknownTensorError
+from paramreg_jax.errors import UnsafeShardPathError
 from paramreg_jax.sources import CheckpointSource
-from paramreg_jax.sources import ContradictoryIndexMappingError
-from paramreg_jax.sources import Indices
-from paramreg_jax.sources import InvalidRegionError
-from paramreg_jax.sources import MalformedIndexError
-from paramreg_jax.sources import MalformedSafetensorsError
-from paramreg_jax.sources import MemorySource
-from paramreg_jax.sources import MissingShardError
-from paramreg_jax.sources import OrbaxSource
-from paramreg_jax.sources import Range
-from paramreg_jax.sources import SafetensorsSource
 from paramreg_jax.sources import SourceStats
-from paramreg_jax.sources import StoreError
 from paramreg_jax.sources import TensorMetadata
-from paramreg_jax.sources import UnknownTensorError
-from paramreg_jax.sources import UnsafeShardPathError
 
 DTYPES = [
   np.float32,

@@ -250,6 +250,13 @@ class BindError(ParamRegError):
     self.problems = problems
 
 
+# The taxonomy's public home is ``paramreg_jax.errors``: tracebacks and API pages name it.
+for _cls in list(globals().values()):
+  if isinstance(_cls, type) and issubclass(_cls, ParamRegError):
+    _cls.__module__ = "paramreg_jax.errors"
+del _cls
+
+
 def collected(what: str, problems: Sequence[str], outcome: str) -> str:
   """``cannot <what>: N problem(s); <outcome>:`` and the problems as bullets (one format for
   every all-at-once report)."""

@@ -1,23 +1,6 @@
 """Derived-weight recipes: declarative rename/transpose/split/stack/cast/view of checkpoint tensors."""
 
-from paramreg_jax._src.errors import AliasError
-from paramreg_jax._src.errors import ByteCountMismatchError
-from paramreg_jax._src.errors import DtypeMismatchError
-from paramreg_jax._src.errors import ElementCountMismatchError
-from paramreg_jax._src.errors import EmptyInputsError
-from paramreg_jax._src.errors import EmptySourceKeyError
-from paramreg_jax._src.errors import InvalidIndicesError
-from paramreg_jax._src.errors import InvalidJoinAxisError
-from paramreg_jax._src.errors import InvalidPermutationError
-from paramreg_jax._src.errors import InvalidRangeError
-from paramreg_jax._src.errors import InvalidSelectionAxisError
-from paramreg_jax._src.errors import RecipeError
-from paramreg_jax._src.errors import RecipeSetError
-from paramreg_jax._src.errors import RecipeShapeMismatchError
-from paramreg_jax._src.errors import SelectionError
-from paramreg_jax._src.errors import UnknownSourceKeyError
-from paramreg_jax._src.errors import UnsupportedDtypeError
-from paramreg_jax._src.errors import ZeroSizedOutputError
+from paramreg_jax._src import deprecation as _deprecation
 from paramreg_jax._src.recipes.inference import infer
 from paramreg_jax._src.recipes.inference import source_keys
 from paramreg_jax._src.recipes.ops import Recipe
@@ -39,28 +22,10 @@ from paramreg_jax._src.recipes.sets import rename
 from paramreg_jax._src.restore.evaluate import evaluate
 
 __all__ = (
-  "AliasError",
-  "ByteCountMismatchError",
-  "DtypeMismatchError",
-  "ElementCountMismatchError",
-  "EmptyInputsError",
-  "EmptySourceKeyError",
   "FusedSplit",
-  "InvalidIndicesError",
-  "InvalidJoinAxisError",
-  "InvalidPermutationError",
-  "InvalidRangeError",
-  "InvalidSelectionAxisError",
   "Recipe",
-  "RecipeError",
   "RecipeSet",
-  "RecipeSetError",
-  "RecipeShapeMismatchError",
   "Rename",
-  "SelectionError",
-  "UnknownSourceKeyError",
-  "UnsupportedDtypeError",
-  "ZeroSizedOutputError",
   "cast",
   "concatenate",
   "evaluate",
@@ -76,4 +41,32 @@ __all__ = (
   "subtract_one",
   "transpose",
   "view",
+)
+
+# moved in 0.1.0.dev0; importable from here, with a DeprecationWarning, until after 0.1
+__getattr__ = _deprecation.moved(
+  "paramreg_jax.recipes",
+  dict.fromkeys(
+    (
+      "AliasError",
+      "ByteCountMismatchError",
+      "DtypeMismatchError",
+      "ElementCountMismatchError",
+      "EmptyInputsError",
+      "EmptySourceKeyError",
+      "InvalidIndicesError",
+      "InvalidJoinAxisError",
+      "InvalidPermutationError",
+      "InvalidRangeError",
+      "InvalidSelectionAxisError",
+      "RecipeError",
+      "RecipeSetError",
+      "RecipeShapeMismatchError",
+      "SelectionError",
+      "UnknownSourceKeyError",
+      "UnsupportedDtypeError",
+      "ZeroSizedOutputError",
+    ),
+    "paramreg_jax.errors",
+  ),
 )

@@ -1,45 +1,53 @@
-"""Checkpoint sources: metadata-first catalogs that hand out bounded reads (leases)."""
+"""The checkpoint-source protocol: what a source of your own implements and hands out.
 
-from paramreg_jax._src.errors import ContradictoryIndexMappingError
-from paramreg_jax._src.errors import InvalidRegionError
-from paramreg_jax._src.errors import MalformedConfigError
-from paramreg_jax._src.errors import MalformedIndexError
-from paramreg_jax._src.errors import MalformedSafetensorsError
-from paramreg_jax._src.errors import MissingShardError
-from paramreg_jax._src.errors import SourceIOError
-from paramreg_jax._src.errors import StoreError
-from paramreg_jax._src.errors import UnknownTensorError
-from paramreg_jax._src.errors import UnsafeShardPathError
+The sources themselves (``MemorySource``, ``OrbaxSource``, ``SafetensorsSource``) and the
+selections (``Full``, ``Range``, ``Indices``) are at the top level (``prj.SafetensorsSource``);
+their errors are in :mod:`paramreg_jax.errors`.
+
+Examples:
+  >>> import numpy as np
+  >>> import paramreg_jax as prj
+  >>> from paramreg_jax.sources import CheckpointSource, TensorMetadata
+  >>> src = prj.MemorySource({"w": np.zeros((2, 3), np.float32)})
+  >>> isinstance(src, CheckpointSource), src.metadata("w") == TensorMetadata((2, 3), np.float32)
+  (True, True)
+"""
+
+from paramreg_jax._src import deprecation as _deprecation
 from paramreg_jax._src.sources.base import CheckpointLease
 from paramreg_jax._src.sources.base import CheckpointSource
 from paramreg_jax._src.sources.base import SourceStats
 from paramreg_jax._src.sources.base import TensorMetadata
-from paramreg_jax._src.sources.memory import MemorySource
-from paramreg_jax._src.sources.orbax import OrbaxSource
-from paramreg_jax._src.sources.safetensors import SafetensorsSource
-from paramreg_jax._src.sources.selection import Full
-from paramreg_jax._src.sources.selection import Indices
-from paramreg_jax._src.sources.selection import Range
 
 __all__ = (
   "CheckpointLease",
   "CheckpointSource",
-  "ContradictoryIndexMappingError",
-  "Full",
-  "Indices",
-  "InvalidRegionError",
-  "MalformedConfigError",
-  "MalformedIndexError",
-  "MalformedSafetensorsError",
-  "MemorySource",
-  "MissingShardError",
-  "OrbaxSource",
-  "Range",
-  "SafetensorsSource",
-  "SourceIOError",
   "SourceStats",
-  "StoreError",
   "TensorMetadata",
-  "UnknownTensorError",
-  "UnsafeShardPathError",
+)
+
+# moved in 0.1.0.dev0; importable from here, with a DeprecationWarning, until after 0.1
+__getattr__ = _deprecation.moved(
+  "paramreg_jax.sources",
+  {
+    **dict.fromkeys(
+      (
+        "ContradictoryIndexMappingError",
+        "InvalidRegionError",
+        "MalformedConfigError",
+        "MalformedIndexError",
+        "MalformedSafetensorsError",
+        "MissingShardError",
+        "SourceIOError",
+        "StoreError",
+        "UnknownTensorError",
+        "UnsafeShardPathError",
+      ),
+      "paramreg_jax.errors",
+    ),
+    **dict.fromkeys(
+      ("Full", "Indices", "MemorySource", "OrbaxSource", "Range", "SafetensorsSource"),
+      "paramreg_jax",
+    ),
+  },
 )

@@ -114,7 +114,7 @@ def invert(recipe: ops.Recipe, src: Any) -> list[Placement]:
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes as R
-    >>> from paramreg_jax.sources import MemorySource, Range
+    >>> from paramreg_jax import MemorySource, Range
     >>> src = MemorySource({"qkv": np.zeros((6, 4), np.float32)})
     >>> [p] = invert(R.transpose(R.source("qkv", Range(0, 2, 4)), (1, 0)), src)
     >>> p.key, p.region, p.ops

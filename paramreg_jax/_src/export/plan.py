@@ -168,7 +168,7 @@ def plan_export(plan: plan_lib.RestorePlan, *, copy_unmapped: bool = True) -> Ex
     >>> prj.plan_export(plan)
     Traceback (most recent call last):
     ...
-    paramreg_jax._src.errors.ExportPlanError: cannot plan the export: 1 problem(s); nothing was written:
+    paramreg_jax.errors.ExportPlanError: cannot plan the export: 1 problem(s); nothing was written:
       - checkpoint tensor 'qkv' (6, 2): rows 4:6 of axis 0 come from no parameter (the restore kept only part of it), so it cannot be rebuilt; map every part to a parameter, or export with copy_unmapped=False and drop it from the mapping
   """
   if not isinstance(plan, plan_lib.RestorePlan):

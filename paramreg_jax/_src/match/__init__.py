@@ -87,7 +87,7 @@ def match(
   Examples:
     >>> import jax, numpy as np
     >>> import paramreg_jax as prj
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({f"model.layers.{i}.mlp.up_proj.weight": np.zeros((8, 4), np.float32)
     ...                     for i in range(3)})
     >>> target = {"layers": {"mlp": {"up": {"kernel": jax.ShapeDtypeStruct((3, 4, 8), np.float32)}}}}

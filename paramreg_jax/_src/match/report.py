@@ -38,7 +38,7 @@ class Match(sets.RecipeSet):
   Examples:
     >>> import jax, numpy as np
     >>> import paramreg_jax as prj
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"attn.q_proj.weight": np.zeros((4, 2), np.float32), "step": np.zeros((), np.int32)})
     >>> m = prj.match({"attn": {"q": {"kernel": jax.ShapeDtypeStruct((2, 4), np.float32)}}}, src)
     >>> dict(m), m.ignored_keys
@@ -113,7 +113,7 @@ class Match(sets.RecipeSet):
     Examples:
       >>> import jax, numpy as np
       >>> import paramreg_jax as prj
-      >>> from paramreg_jax.sources import MemorySource
+      >>> from paramreg_jax import MemorySource
       >>> src = MemorySource({"fc.weight": np.zeros((3, 2), np.float32)})
       >>> m = prj.match({"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32)}}, src)
       >>> print(m.to_python())

@@ -84,7 +84,7 @@ def keyed(
     >>> tx.update(grads, state, {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)}})
     Traceback (most recent call last):
     ...
-    paramreg_jax._src.errors.StateMismatchError: the optimizer state does not match the parameters it is updating: 0 parameter(s) without state, 0 state key(s) without a parameter, 1 reshaped parameter(s). After changing the model, run `state, report = paramreg_jax.reconcile(tx, state, params)` once before updating:
+    paramreg_jax.errors.StateMismatchError: the optimizer state does not match the parameters it is updating: 0 parameter(s) without state, 0 state key(s) without a parameter, 1 reshaped parameter(s). After changing the model, run `state, report = paramreg_jax.reconcile(tx, state, params)` once before updating:
       - n:dense/kernel: state 0/mu was built for (2, 2), the parameter is (3, 2)
       - n:dense/kernel: state 0/nu was built for (2, 2), the parameter is (3, 2)
   """

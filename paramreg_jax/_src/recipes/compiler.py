@@ -92,7 +92,7 @@ def compile_shard(
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes as R
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> from paramreg_jax._src.recipes import compiler, inference
     >>> src = MemorySource({"w": np.arange(6.0).reshape(2, 3)})
     >>> r = R.transpose(R.source("w"), (1, 0))

@@ -45,7 +45,7 @@ def infer(recipe: base.Recipe, src: Any, *, memo: Metas | None = None) -> base.M
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes
-    >>> from paramreg_jax.sources import MemorySource, Range
+    >>> from paramreg_jax import MemorySource, Range
     >>> src = MemorySource({"left": np.zeros((2, 3), np.float16), "right": np.zeros((4, 3), np.float16)})
     >>> r = recipes.transpose(
     ...     recipes.concatenate([recipes.source("left"), recipes.source("right", Range(0, 0, 1))], 0), (1, 0))

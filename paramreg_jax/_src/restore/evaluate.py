@@ -29,7 +29,7 @@ def evaluate(recipe: ops.Recipe, src: Any, index: Any = None) -> np.ndarray:
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"left": np.ones((2, 3), np.float32), "right": np.zeros((2, 3), np.float32)})
     >>> r = recipes.concatenate([recipes.source("left"), recipes.source("right")], axis=0)
     >>> recipes.evaluate(r, src, (slice(1, 3),)).tolist(), src.stats.bytes_read

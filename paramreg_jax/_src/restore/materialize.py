@@ -125,7 +125,7 @@ def materialize(
   Examples:
     >>> import jax, numpy as np
     >>> from paramreg_jax import materialize, plan_restore
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"w": np.ones((2, 2), np.float32)})
     >>> target = {"w": jax.ShapeDtypeStruct((2, 2), np.float32), "tied": jax.ShapeDtypeStruct((2, 2), np.float32)}
     >>> unit = materialize(plan_restore(target, src, aliases={"tied": "w"}))

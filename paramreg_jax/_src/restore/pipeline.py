@@ -41,7 +41,7 @@ def restore(
   Examples:
     >>> import jax, numpy as np
     >>> from paramreg_jax import restore
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"dense/kernel": np.ones((2, 3), np.float32)})
     >>> params = restore({"dense": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32)}}, src)
     >>> params["dense"]["kernel"].shape

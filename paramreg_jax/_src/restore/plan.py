@@ -33,7 +33,7 @@ class PlanEntry:
   Examples:
     >>> import jax, numpy as np
     >>> from paramreg_jax import plan_restore
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> plan = plan_restore({"w": jax.ShapeDtypeStruct((2,), np.float32)}, MemorySource({"w": np.ones(2, np.float32)}))
     >>> entry = plan["n:w"]
     >>> entry.kind, entry.source_key, entry.nbytes
@@ -75,7 +75,7 @@ class RestorePlan:
   Examples:
     >>> import jax, numpy as np
     >>> from paramreg_jax import plan_restore
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"w": np.ones(2, np.float32), "step": np.int32(7)})
     >>> plan = plan_restore({"w": jax.ShapeDtypeStruct((2,), np.float32)}, src, exclude=["step"])
     >>> plan.keys, plan.ignored, plan.counts()

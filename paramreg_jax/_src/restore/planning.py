@@ -107,7 +107,7 @@ def plan_restore(
   Examples:
     >>> import jax, numpy as np
     >>> from paramreg_jax import plan_restore, recipes
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"fc.weight": np.ones((3, 2), np.float32), "fc.bias": np.zeros(3, np.float32)})
     >>> target = {"fc": {"kernel": jax.ShapeDtypeStruct((2, 3), np.float32), "bias": jax.ShapeDtypeStruct((3,), np.float32)}}
     >>> plan = plan_restore(target, src, recipes={"fc/kernel": recipes.transpose(recipes.source("fc.weight"), (1, 0))},

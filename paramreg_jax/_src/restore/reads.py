@@ -149,7 +149,7 @@ def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Windo
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes as R
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> from paramreg_jax._src.restore import reads
     >>> from paramreg_jax._src.recipes import compiler, inference
     >>> src = MemorySource({"w": np.zeros((4, 4), np.float32)})

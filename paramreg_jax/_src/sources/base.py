@@ -34,7 +34,7 @@ def check_source(source: Any, where: str) -> None:
   if not (callable(getattr(source, "keys", None)) and callable(getattr(source, "metadata", None))):
     raise TypeError(
       f"{where}: source must be a checkpoint source such as prj.SafetensorsSource(path), "
-      f"prj.OrbaxSource(path) or prj.sources.MemorySource(arrays); got {type(source).__name__} "
+      f"prj.OrbaxSource(path) or prj.MemorySource(arrays); got {type(source).__name__} "
       f"{source!r:.60}"
     )
 
@@ -161,7 +161,7 @@ class SourceStats:
 
   Examples:
     >>> import numpy as np
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"w": np.ones((4, 2), np.float32)})
     >>> _ = src.lease("w").read((slice(0, 1),))
     >>> src.stats
@@ -179,12 +179,13 @@ class SourceStats:
 class CheckpointSource(Protocol):
   """A checkpoint catalog that hands out bounded reads.
 
-  Implementations: :class:`~paramreg_jax.sources.OrbaxSource`,
-  :class:`~paramreg_jax.sources.SafetensorsSource`, :class:`~paramreg_jax.sources.MemorySource`.
+  Implementations: :class:`~paramreg_jax.OrbaxSource`,
+  :class:`~paramreg_jax.SafetensorsSource`, :class:`~paramreg_jax.MemorySource`.
 
   Examples:
     >>> import numpy as np
-    >>> from paramreg_jax.sources import CheckpointSource, MemorySource
+    >>> from paramreg_jax.sources import CheckpointSource
+    >>> from paramreg_jax import MemorySource
     >>> isinstance(MemorySource({"w": np.zeros(2)}), CheckpointSource)
     True
   """
@@ -361,7 +362,7 @@ class BaseSource:
 
     Examples:
       >>> import numpy as np
-      >>> from paramreg_jax.sources import MemorySource
+      >>> from paramreg_jax import MemorySource
       >>> src = MemorySource({"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32)})
       >>> src.read_stacked(["b", "a"]).tolist()
       [[1.0, 1.0], [0.0, 0.0]]
@@ -400,7 +401,7 @@ class CheckpointLease:
 
   Examples:
     >>> import numpy as np
-    >>> from paramreg_jax.sources import MemorySource, Range
+    >>> from paramreg_jax import MemorySource, Range
     >>> src = MemorySource({"w": np.arange(12, dtype=np.float32).reshape(4, 3)})
     >>> lease = src.lease("w", Range(0, 1, 3))
     >>> lease.shape, lease.read((slice(1, 2), slice(0, 2))).tolist()

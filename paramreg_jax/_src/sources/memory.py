@@ -20,7 +20,7 @@ class MemorySource(source_lib.BaseSource):
 
   Examples:
     >>> import numpy as np
-    >>> from paramreg_jax.sources import MemorySource
+    >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"b": np.zeros(2), "a": np.ones((2, 2), np.float32)})
     >>> src.keys(), src.metadata("a")
     (('a', 'b'), TensorMetadata(shape=(2, 2), dtype=dtype('float32'), nbytes=16))

@@ -194,7 +194,7 @@ class OrbaxSource(source_lib.BaseSource):
 
   Examples:
     >>> import os, tempfile, jax.numpy as jnp, orbax.checkpoint as ocp
-    >>> from paramreg_jax.sources import OrbaxSource
+    >>> from paramreg_jax import OrbaxSource
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
     >>> ckpt = ocp.StandardCheckpointer()
     >>> ckpt.save(path, {"dense": {"kernel": jnp.arange(6.0).reshape(2, 3)}})

@@ -69,7 +69,7 @@ class SafetensorsSource(source_lib.BaseSource):
   Examples:
     >>> import numpy as np, tempfile, os
     >>> from safetensors.numpy import save_file
-    >>> from paramreg_jax.sources import SafetensorsSource
+    >>> from paramreg_jax import SafetensorsSource
     >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
     >>> save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, path)
     >>> src = SafetensorsSource(path)
@@ -251,7 +251,7 @@ class SafetensorsSource(source_lib.BaseSource):
     Examples:
       >>> import numpy as np, tempfile, os
       >>> from safetensors.numpy import save_file
-      >>> from paramreg_jax.sources import SafetensorsSource
+      >>> from paramreg_jax import SafetensorsSource
       >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
       >>> save_file({f"e{i}": np.full(2, i, np.float32) for i in range(4)}, path)
       >>> src = SafetensorsSource(path)
@@ -315,7 +315,7 @@ class SafetensorsSource(source_lib.BaseSource):
     Examples:
       >>> import numpy as np, tempfile, os
       >>> from safetensors.numpy import save_file
-      >>> from paramreg_jax.sources import SafetensorsSource
+      >>> from paramreg_jax import SafetensorsSource
       >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
       >>> save_file({"w": np.ones(2, np.float32)}, path)
       >>> with SafetensorsSource(path) as src:

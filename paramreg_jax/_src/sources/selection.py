@@ -29,7 +29,7 @@ class Full:
   """Selects the whole tensor.
 
   Examples:
-    >>> from paramreg_jax.sources import Full
+    >>> from paramreg_jax import Full
     >>> Full().apply_shape((2, 3), where="w")
     (2, 3)
   """
@@ -47,7 +47,7 @@ class Range:
   """Selects ``start:stop`` (non-empty) along ``axis``.
 
   Examples:
-    >>> from paramreg_jax.sources import Range
+    >>> from paramreg_jax import Range
     >>> Range(0, 1, 3).apply_shape((4, 2), where="w")
     (2, 2)
   """
@@ -86,7 +86,7 @@ class Indices:
   """Gathers ``indices`` (non-empty, output order, duplicates allowed) along ``axis``.
 
   Examples:
-    >>> from paramreg_jax.sources import Indices
+    >>> from paramreg_jax import Indices
     >>> Indices(1, (2, 0, 2)).apply_shape((4, 3), where="w")
     (4, 3)
   """

@@ -38,7 +38,7 @@ def select(x: base.Recipe, selection: Any) -> Select:
 
   Examples:
     >>> from paramreg_jax import recipes
-    >>> from paramreg_jax.sources import Indices
+    >>> from paramreg_jax import Indices
     >>> print(recipes.select(recipes.source("w"), Indices(0, [2, 0])))
     select(source('w'), Indices(axis=0, [2, 0]))
   """

@@ -56,7 +56,7 @@ def source(key: str, selection: Any = None) -> Source:
 
   Examples:
     >>> from paramreg_jax import recipes
-    >>> from paramreg_jax.sources import Range
+    >>> from paramreg_jax import Range
     >>> print(recipes.source("qkv", Range(0, 0, 64)))
     source('qkv', Range(axis=0, 0:64))
   """
