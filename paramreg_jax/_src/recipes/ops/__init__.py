@@ -14,6 +14,8 @@ from paramreg_jax._src.recipes.ops.base import check_axis
 from paramreg_jax._src.recipes.ops.base import check_recipe
 from paramreg_jax._src.recipes.ops.cast import Cast
 from paramreg_jax._src.recipes.ops.cast import cast
+from paramreg_jax._src.recipes.ops.catalog import INVERSE_STEPS
+from paramreg_jax._src.recipes.ops.catalog import OPS
 from paramreg_jax._src.recipes.ops.concatenate import Concatenate
 from paramreg_jax._src.recipes.ops.concatenate import concatenate
 from paramreg_jax._src.recipes.ops.neg_log import NegLog
@@ -32,23 +34,6 @@ from paramreg_jax._src.recipes.ops.transpose import Transpose
 from paramreg_jax._src.recipes.ops.transpose import transpose
 from paramreg_jax._src.recipes.ops.view import View
 from paramreg_jax._src.recipes.ops.view import view
-
-OPS: tuple[type[Recipe], ...] = (
-  Source,
-  Select,
-  Concatenate,
-  Stack,
-  Reshape,
-  Transpose,
-  Cast,
-  View,
-  NegLog,
-  SubtractOne,
-)
-"""Every op; a new one is added here once it has its file."""
-
-INVERSE_STEPS: dict[str, InverseStep] = {s.name: s for op in OPS for s in op.inverse_steps}
-"""The steps of export placements, by name."""
 
 __all__ = (
   "INVERSE_STEPS",

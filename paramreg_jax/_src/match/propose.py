@@ -1,0 +1,221 @@
+"""``match()``: the pipeline of the package (see ``__init__``), with its hints and checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from paramreg_jax._src import api_types
+from paramreg_jax._src import errors
+from paramreg_jax._src.match import candidates as cand_lib
+from paramreg_jax._src.match import decide
+from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import hints as hints_lib
+from paramreg_jax._src.match.report import Match
+from paramreg_jax._src.match.report import Proposal
+from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.recipes import inference
+from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.restore import planning
+from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources import base as source_lib
+
+
+def match(
+  target: api_types.PyTree,
+  source: source_lib.CheckpointSource,
+  *,
+  hints: api_types.Hints | None = None,
+  config: Mapping[str, Any] | None = None,
+) -> Match:
+  """Proposes the complete recipe set that restores ``target`` from ``source``, from metadata.
+
+  Args:
+    target: an abstract tree, linen params, an ``nnx.State``/``nnx.Module`` or an equinox
+      module (as :func:`plan_restore` takes).
+    source: a checkpoint source (``SafetensorsSource``, ``OrbaxSource``, ...).
+    hints: ``{target name: hint}`` for what names and shapes cannot settle. A hint is a
+      checkpoint name (``"model.norm.weight"``), a part of one that names it in every layer
+      (``"input_layernorm"``, ``"layers.{i}.ln_1"``), and ``match`` derives the transpose,
+      stack or split; or a recipe, used as given (checked against the parameter's shape, dtype
+      and, where the evidence determines it, the orientation). A target name with ``{i}``
+      (``"layers_{i}/norm/scale"``) serves every per-layer module. A hint settles the leaf it
+      names and only that: the others are decided by the same rules (a kernel's module
+      decides its bias), a tensor a hint uses is never given to another leaf by elimination,
+      and ``Match.hint_effects`` lists what the hints changed elsewhere.
+    config: the checkpoint's ``config.json`` as a dict, when the source does not carry it
+      (``SafetensorsSource`` reads the one beside its file). It says the fused-tensor layouts,
+      head counts and whether the head is tied.
+
+  Returns:
+    A :class:`Match`: ``restore(target, source, recipes=match(...))`` works; ``print`` it for
+    the table, ``.to_python()`` for the code.
+
+  Raises:
+    MatchError: some parameters are unmatched or ambiguous (each listed with its ranked
+      candidates; ``.partial`` holds what was matched), or the proposal does not plan.
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> import paramreg_jax as prj
+    >>> from paramreg_jax import MemorySource
+    >>> src = MemorySource({f"model.layers.{i}.mlp.up_proj.weight": np.zeros((8, 4), np.float32)
+    ...                     for i in range(3)})
+    >>> target = {"layers": {"mlp": {"up": {"kernel": jax.ShapeDtypeStruct((3, 4, 8), np.float32)}}}}
+    >>> print(prj.match(target, src))
+    Match: 1 parameters from MemorySource(3 tensors)
+      layers/mlp/up/kernel  <- stack(3 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)), axis=0)   [name + transpose, stacked 3 layers]
+  """
+  source_lib.check_source(source, "match")
+  slots = _slots(target)
+  if hints is not None and not isinstance(hints, Mapping):
+    raise TypeError(
+      f"match: hints must be a mapping {{target name: recipe or checkpoint name}}, got "
+      f"{type(hints).__name__} {hints!r:.60}"
+    )
+  keys = list(source.keys())
+  given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
+  ck = _read_checkpoint(slots, source, keys, config, frozenset(given))
+  recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
+  ck.hinted_convention = evidence.hinted_convention(slots, ck, name_hints)
+  proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
+  changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
+  used = {k for p in proposals.values() for k in p.keys}
+  ordered = [proposals[s.name] for s in slots if s.name in proposals]
+  ignored = [k for k in keys if k not in used]
+  if not problems:
+    problems += _unused_layers(ignored, ck)
+  result = Match(ordered, ignored, source, ck.facts.rows(), changed)
+  if problems:
+    raise errors.MatchError(
+      errors.collected("match the checkpoint to the target", problems, "nothing was chosen")
+      + "\nResolve each with hints={target name: checkpoint name or recipe} (or rename the "
+      "target's modules).",
+      tuple(problems),
+      result,
+    )
+  try:
+    planning.plan_restore(target, source, recipes=result)
+  except errors.RestorePlanError as e:
+    raise errors.MatchError(
+      f"the proposed mapping does not plan (a bug in match, or a checkpoint it misreads): {e}",
+      e.problems,
+      result,
+    ) from e
+  return result
+
+
+def _decide(
+  slots: list[Any],
+  source: Any,
+  ck: evidence.Checkpoint,
+  recipe_hints: dict[str, ops.Recipe],
+  name_hints: dict[str, list[str]],
+) -> tuple[dict[str, Proposal], list[str]]:
+  """The proposals and the problems, from the evidence and the hints (a pure function of
+  them: ``match`` runs it once more without hints to report what the hints changed)."""
+  proposals = {n: Proposal(n, r, "hint", inference.source_keys(r)) for n, r in recipe_hints.items()}
+  ranked: dict[str, list[cand_lib.Candidate]] = {}
+  for slot in slots:
+    if slot.name in name_hints:
+      ranked[slot.name] = _hinted(slot, name_hints[slot.name], ck)
+    elif slot.name not in proposals:
+      ranked[slot.name] = cand_lib.candidates(concepts(slot.name), tuple(slot.shape), ck)
+  problems = [ck.conflict] if ck.conflict else []
+  problems += decide.choose(slots, ranked, proposals, ck, frozenset(name_hints))
+  used = {k for p in proposals.values() for k in p.keys}
+  decide.tie_heads(
+    slots, ranked, proposals, problems, ck, [k for k in ck.concepts if k not in used]
+  )
+  decide.cast_to_targets(slots, proposals, source)
+  return proposals, problems
+
+
+def _hinted(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> list[cand_lib.Candidate]:
+  """A name hint's candidates: the named tensors in every layout that fits, whatever the leaf
+  is called; of a name that stands for several kinds (a module), the leaf's own kind."""
+  tc = concepts(slot.name)
+  found = cand_lib.candidates(tc, tuple(slot.shape), ck.restricted(set(keys)), hinted=True)
+  if len(keys) > 1:
+    own = [c for c in found if all(ck.concepts[k].kind == tc.kind for k in c.keys)]
+    found = own or found
+  return [dataclasses.replace(c, score=1.0 + c.score, reason=f"hint, {c.reason}") for c in found]
+
+
+def _hint_effects(
+  slots: list[Any],
+  source: Any,
+  ck: evidence.Checkpoint,
+  proposals: dict[str, Proposal],
+  problems: list[str],
+  given: dict[str, Any],
+) -> tuple[tuple[str, str, str], ...]:
+  """``(target, without the hints, with them)`` for every leaf the hints did not name whose
+  outcome they changed."""
+  base, base_problems = _decide(slots, source, ck, {}, {})
+
+  def outcome(props: dict[str, Proposal], probs: list[str], name: str) -> str:
+    p = props.get(name)
+    if p is not None:
+      return f"alias of {p.alias_of}" if p.alias_of else str(p.recipe)
+    return "refused" if any(decide.names(x, name) for x in probs) else "undecided"
+
+  out = []
+  for s in slots:
+    if s.name in given:
+      continue
+    before, after = outcome(base, base_problems, s.name), outcome(proposals, problems, s.name)
+    if before != after:
+      out.append((s.name, before, after))
+  return tuple(out)
+
+
+def _unused_layers(ignored: list[str], ck: evidence.Checkpoint) -> list[str]:
+  layer_keys = [k for k in ignored if k in ck.concepts and ck.concepts[k].indices]
+  if not layer_keys:
+    return []
+  extra = sorted({ck.concepts[k].indices for k in layer_keys})
+  return [
+    f"the checkpoint has layer tensors the target does not use ({len(layer_keys)}, at "
+    f"{', '.join(str(list(i)) for i in extra[:6])}): {', '.join(layer_keys[:4])}"
+    f"{', ...' if len(layer_keys) > 4 else ''}; a model with fewer layers than the "
+    "checkpoint? Pass the unused ones as hints or restore into the full model"
+  ]
+
+
+def _slots(target: Any) -> list[Any]:
+  _, _, slots = target_lib.slots(target)
+  if not slots:
+    raise errors.MatchError(
+      f"match: the target holds no array parameters (got {type(target).__name__} "
+      f"{target!r:.60}); pass an abstract tree (jax.eval_shape or nnx.eval_shape output), "
+      "linen params, an nnx.State or nnx.Module, or an equinox module"
+    )
+  return slots
+
+
+def _read_checkpoint(
+  slots: list[Any],
+  source: Any,
+  keys: list[str],
+  config: Mapping[str, Any] | None,
+  hinted: frozenset[str],
+) -> evidence.Checkpoint:
+  """Every key folded to concepts once, its shape, and the evidence (config, orientation;
+  the orientation from the parameters no hint names)."""
+  if config is None:
+    config = getattr(source, "config", None)
+  if config is not None and not isinstance(config, Mapping):
+    raise TypeError(
+      f"match: config must be a mapping (a parsed config.json), got {type(config).__name__}"
+    )
+  noise = evidence.model_prefix(keys)
+  folded = {k: concepts(k, noise) for k in keys}
+  facts = evidence.facts_from_config(config)
+  evidence.norm_roles(folded, facts)
+  ck = evidence.Checkpoint(
+    folded, {k: source_lib.metadata_of(source, k).shape for k in keys}, facts
+  )
+  ck.convention, ck.convention_by, ck.conflict = evidence.linear_convention(slots, ck, hinted)
+  return ck

@@ -1,0 +1,180 @@
+"""The layout keeps showing the design (docs/architecture.md): rooms of bounded size, no private
+name used across modules, packages whose ``__init__`` only gathers names, imports that flow one
+way, and one file per recipe op holding all of its rules."""
+
+import ast
+import importlib.util
+import inspect
+import pathlib
+
+import pytest
+
+import paramreg_jax
+from paramreg_jax._src.recipes import ops
+
+ROOT = pathlib.Path(paramreg_jax.__file__).parent
+MODULES = sorted(ROOT.rglob("*.py"))
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60  # docstring excluded
+LONG_OK = "(long:"  # a docstring that says why a function needs more
+
+# Each folder of _src may import only those before it (api_types: type aliases for signatures).
+LAYERS = [
+  {"errors", "devices", "api_types", "deprecation"},
+  {"registry"},
+  {"sources", "patterns", "optim"},
+  {"recipes"},
+  {"restore"},
+  {"match"},
+  {"export"},
+  {"demo", "cli"},
+]
+
+
+def _rel(path):
+  return path.relative_to(ROOT.parent)
+
+
+def _function_lines(node):
+  body = node.body
+  doc = 0
+  if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+    if isinstance(body[0].value.value, str):
+      doc = body[0].end_lineno - body[0].lineno + 1
+  return node.end_lineno - node.lineno + 1 - doc, ast.get_docstring(node) or ""
+
+
+def test_no_module_is_over_500_lines():
+  big = {str(_rel(p)): n for p in MODULES if (n := len(p.read_text().splitlines())) > 500}
+  assert not big, f"split these modules (one concept each): {big}"
+
+
+def test_no_function_is_over_60_lines_unless_its_docstring_says_why():
+  long = []
+  for path in MODULES:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        n, doc = _function_lines(node)
+        if n > MAX_FUNCTION_LINES and LONG_OK not in doc:
+          long.append(f"{_rel(path)}:{node.lineno} {node.name} ({n} lines)")
+  assert not long, long
+
+
+def _imported_modules(tree):
+  """Local names bound to paramreg_jax modules, and the private names imported directly."""
+  modules, private = set(), []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paramreg_jax"):
+      for alias in node.names:
+        if alias.name.startswith("_") and not alias.name.startswith("__"):
+          private.append(f"from {node.module} import {alias.name}")
+        if _is_module(f"{node.module}.{alias.name}"):
+          modules.add(alias.asname or alias.name)
+    elif isinstance(node, ast.Import):
+      modules.update(a.asname or a.name for a in node.names if a.name.startswith("paramreg_jax"))
+  return modules, private
+
+
+def _is_module(name):
+  try:
+    return importlib.util.find_spec(name) is not None
+  except (ModuleNotFoundError, AttributeError, ValueError):  # a name inside a module
+    return False
+
+
+def test_no_private_name_is_used_across_modules():
+  found = []
+  for path in MODULES:
+    tree = ast.parse(path.read_text())
+    modules, private = _imported_modules(tree)
+    found += [f"{_rel(path)}: {p}" for p in private]
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+      ):
+        found.append(f"{_rel(path)}:{node.lineno}: {node.value.id}.{node.attr}")
+  assert not found, found
+
+
+def test_package_inits_only_gather_names():
+  """Logic lives in named modules; an ``__init__`` has a docstring, imports and ``__all__``
+  (and, for the public modules, the ``__getattr__`` that keeps moved names importable)."""
+  for path in ROOT.rglob("__init__.py"):
+    for node in ast.parse(path.read_text()).body:
+      if isinstance(node, (ast.Import, ast.ImportFrom)):
+        continue
+      if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+        continue  # the docstring
+      if isinstance(node, ast.Assign) and all(
+        isinstance(t, ast.Name) and t.id in ("__all__", "__getattr__", "__version__")
+        for t in node.targets
+      ):
+        continue
+      pytest.fail(f"{_rel(path)}:{node.lineno}: move this into a module of the package")
+
+
+def _layer(name):
+  return next(i for i, layer in enumerate(LAYERS) if name in layer)
+
+
+def test_imports_flow_one_way():
+  src = ROOT / "_src"
+  wrong = []
+  for path in sorted(src.rglob("*.py")):
+    rel = path.relative_to(src)
+    if rel.name == "__init__.py" and len(rel.parts) == 1:
+      continue
+    mine = rel.parts[0].removesuffix(".py")
+    tree = ast.parse(path.read_text())
+    checking = {id(n) for n in ast.walk(tree) if _is_type_checking_block(n)}
+    skip = {id(c) for n in ast.walk(tree) if id(n) in checking for c in ast.walk(n)}
+    for node in ast.walk(tree):
+      if id(node) in skip or not isinstance(node, ast.ImportFrom):
+        continue
+      module = node.module or ""
+      if not module.startswith("paramreg_jax._src"):
+        continue
+      targets = (
+        [a.name for a in node.names] if module == "paramreg_jax._src" else [module.split(".")[2]]
+      )
+      for other in targets:
+        if other != mine and other != "api_types" and _layer(other) > _layer(mine):
+          wrong.append(f"_src/{rel}:{node.lineno}: {mine} imports {other}")
+  assert not wrong, wrong
+
+
+def _is_type_checking_block(node):
+  return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def test_every_folder_of_src_has_a_layer():
+  names = {p.name.removesuffix(".py") for p in (ROOT / "_src").iterdir() if p.name != "__init__.py"}
+  names.discard("__pycache__")
+  assert names <= set().union(*LAYERS), names - set().union(*LAYERS)
+
+
+@pytest.mark.parametrize("op", ops.OPS, ids=lambda op: op.__name__)
+def test_each_recipe_op_holds_its_rules_in_its_own_file(op):
+  """Inference, the forward program, the inverse and the printed code are defined by the op's
+  own class, in a file of its own (a new op is one new file)."""
+  for rule in ("infer", "program", "code", "__str__"):
+    assert rule in vars(op), f"{op.__name__} does not define {rule}"
+  # every op inverts, except by an explicit refusal (a documented NotInvertible)
+  assert "invert" in vars(op), f"{op.__name__} does not define invert"
+  module = inspect.getmodule(op)
+  others = [c for c in ops.OPS if c is not op and inspect.getmodule(c) is module]
+  assert not others, f"{op.__name__} shares {module.__name__} with {others}"
+  assert pathlib.Path(module.__file__).stem == _snake(op.__name__)
+
+
+def _snake(name):
+  return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+def test_every_inverse_step_belongs_to_one_op():
+  names = [s.name for op in ops.OPS for s in op.inverse_steps]
+  assert len(names) == len(set(names)) == len(ops.INVERSE_STEPS)
