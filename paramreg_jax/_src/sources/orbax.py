@@ -24,6 +24,7 @@ from paramreg_jax._src.registry import keys as keys_lib
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
+from paramreg_jax._src.sources import ts_specs
 
 _METADATA_FILE = "_METADATA"
 
@@ -263,9 +264,6 @@ class OrbaxSource(source_lib.BaseSource):
       self.metadata(key)
     self._open(keys)
 
-  def _store(self, key: str) -> Any:
-    return self._open([key])[key]
-
   def _open(self, keys: Any) -> dict[str, Any]:
     """The tensorstores of ``keys``; unopened ones are opened concurrently (opening dominates
     the cost of reading many small arrays)."""
@@ -273,22 +271,14 @@ class OrbaxSource(source_lib.BaseSource):
       missing = [k for k in dict.fromkeys(keys) if k not in self._stores]
       if missing:
         import tensorstore as ts
-        from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
 
         if self._context is None:
-          # orbax's context, with twice the cores for decoding and copying: measured 25% faster
-          # reads than its default of one thread per core (docs/benchmarks.md)
-          self._context = tsu.get_ts_context(
-            use_ocdbt=self._use_ocdbt, data_copy_concurrency_limit=2 * (os.cpu_count() or 1)
-          )
+          self._context = ts_specs.context(self._use_ocdbt)
         futures = {
           k: ts.open(
-            tsu.ArrayReadSpec(
-              directory=str(self.path),
-              relative_array_filename=self._entries[k][1],
-              use_zarr3=self._use_zarr3,
-              use_ocdbt=self._use_ocdbt,
-            ).json,
+            ts_specs.read_spec(
+              str(self.path), self._entries[k][1], self._use_zarr3, self._use_ocdbt
+            ),
             context=self._context,
             open=True,
             read=True,
