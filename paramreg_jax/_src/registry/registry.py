@@ -152,8 +152,8 @@ class ParamRegistry:
   def id_for_named(self, name: str, leaf: Any) -> tuple[ParamRegistry, ParamId]:
     """Resolves the id of the named slot ``n:<name>``, registering it the first time.
 
-    The same name always gives the same id, wherever the array lives. Unlike the seed, a known
-    shape or dtype that differs from ``leaf``'s is an error, not a silent acceptance.
+    The same name always gives the same id, wherever the array lives. A known shape or dtype
+    that differs from ``leaf``'s is an error, never silently accepted.
 
     Args:
       name: the canonical name (see :func:`path_to_name`).

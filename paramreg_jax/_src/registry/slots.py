@@ -106,7 +106,7 @@ def parse_size(size: Any, key: str) -> tuple[tuple[int, ...] | None, int | None,
   if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
     if size < 0:
       raise errors.MalformedKeyError(f"{key}: element count must be >= 0, got {size}")
-    return None, (None if size == 0 else int(size)), None  # 0 means unknown (seed)
+    return None, (None if size == 0 else int(size)), None  # an element count of 0 means unknown
   if isinstance(size, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in size):
     shape = tuple(int(d) for d in size)
     return shape, math.prod(shape), None

@@ -172,7 +172,7 @@ class JaxBackend:
     del parameter
     return weight
 
-  # -- the seed's per-weight names, kept for one release ------------------------------------
+  # -- the per-weight names of the first contract, kept for one release ------------------------------------
   def materialize(self, lease: Any, context: MaterializationContext) -> Materialization:
     """Deprecated: ``materialize_all(lease.source, [(source(lease.key, lease.selection),
     context)])[0]``."""

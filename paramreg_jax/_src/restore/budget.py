@@ -14,9 +14,8 @@ def default_max_inflight_bytes() -> int:
   """The default host budget: 1/64 of the memory available now, between 4 and 16 MiB.
 
   Throughput does not need more: three windows of about 5 MiB (being read, read, being
-  built) already keep the disk and the build threads busy; restoring 268 MB took 0.22-0.26 s with a
-  16 MiB budget and 0.28-0.31 s with 128 MiB (docs/benchmarks.md). A larger budget only
-  raises the peak. A single shard whose blocks are larger is still read whole.
+  built) already keep the disk and the build threads busy, and a larger budget was no faster
+  (docs/benchmarks.md): it only raises the peak. A single shard whose blocks are larger is still read whole.
 
   Examples:
     >>> from paramreg_jax._src.restore.budget import default_max_inflight_bytes

@@ -1,10 +1,10 @@
 """The backend contract: what ``materialize``, ``bind`` and ``plan_restore`` call, typed.
 
-:class:`ParameterBackend` reinterprets the seed's ``ParameterBackend`` trait. Its operations map
-onto the seed's as follows:
+:class:`ParameterBackend` reinterprets the Rust ``ParameterBackend`` trait of
+``eredu_runtime::backend`` in Python. Its operations map onto the trait's as follows:
 
 ==============================  ====================================================
-seed (Rust trait)               here
+Rust trait                      here
 ==============================  ====================================================
 ``materialize(lease, ctx)``     ``materialize_all(source, [(source(key, sel), ctx)])``
 ``materialize_recipe(...)``     ``materialize_all(source, [(recipe, ctx), ...])``

@@ -76,9 +76,8 @@ def materialize(
   A chunk is one ``source.read_stacked`` (adjacent tensors: one physical read) and one
   vectorized copy into grid order; then each weight is assembled by one batched transfer.
   A local source is read in this thread, a chunk at most half the budget (the scratch it is
-  read into, and the chunk built from it): reading and copying a chunk takes about 1 ms, and a
-  reader thread would wait for the GIL while this one assembles (measured: 0.1-0.45 s of such
-  waits for 10,000 tensors). A remote source (``source.remote``) is read ahead by a thread,
+  read into, and the chunk built from it): reading and copying a chunk is quick, and a reader
+  thread would wait for the GIL while this one assembles. A remote source (``source.remote``) is read ahead by a thread,
   three chunks of a quarter of the budget each.
   """
   remote = bool(getattr(source, "remote", False))

@@ -78,8 +78,8 @@ def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[i
 @contextlib.contextmanager
 def no_cyclic_gc() -> Iterator[None]:
   """Python's cycle collector paused while weights are built: every task, program and array
-  the restore allocates would otherwise trigger generation scans of the whole heap (10,000 small
-  tensors: 1.5-2.0 s with it, 1.2 s without). Reference counting still frees everything; the
+  the restore allocates would otherwise trigger generation scans of the whole heap (a large
+  share of the time of restoring many small tensors). Reference counting still frees everything; the
   collector resumes, as it was, when the restore ends (also on an error)."""
   enabled = gc.isenabled()
   gc.disable()

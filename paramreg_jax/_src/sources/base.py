@@ -96,9 +96,9 @@ _MADV_HUGEPAGE = 14
 @functools.cache
 def _huge_pages() -> bool:
   """Whether restore buffers of 4 MiB and more ask for transparent huge pages: on Linux unless
-  ``PARAMREG_HUGEPAGES=0``. First-touch page faults of 268 MB of restored arrays took 0.030 s
-  with them and 0.050 s without on this machine (THP in ``madvise`` mode); only whole 2 MiB
-  pages inside the buffer are advised, so no page outside the array becomes resident."""
+  ``PARAMREG_HUGEPAGES=0``. Huge pages make the first-touch page faults of large restored
+  arrays cheaper (docs/benchmarks.md); only whole 2 MiB pages inside the buffer are advised, so
+  no page outside the array becomes resident."""
   return sys.platform == "linux" and os.environ.get("PARAMREG_HUGEPAGES") != "0"
 
 
