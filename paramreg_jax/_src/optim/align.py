@@ -51,9 +51,9 @@ def translate(
   moves; None when nothing matches or an identity is not unique (on either side)."""
   new_ids: dict[tuple[Any, ...], Path] = {}
   for comps, _ in layout.leaves:
-    slot = layout.slots[comps]
+    owner = layout.owners[comps]
     ident: tuple[tuple[str, ...], str | None] = (
-      (identity(slot[0]), slot[1]) if slot is not None else (identity(comps), None)
+      (identity(owner[0]), owner[1]) if owner is not None else (identity(comps), None)
     )
     if ident in new_ids:
       return None  # the new optimizer keeps two things alike (two Adams): nothing is guessed

@@ -41,22 +41,22 @@ def _signature(tree: Any) -> tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]
   return treedef, tuple(map(_leaf_signature, leaves))
 
 
-def _slot_table(state: Any, prefixes: list[Path]) -> tuple[dict[tuple[Path, str], Any], dict]:
+def _owner_table(state: Any, prefixes: list[Path]) -> tuple[dict[tuple[Path, str], Any], dict]:
   """``{(mirror prefix, parameter key): shape}`` and ``{path: shape}`` for the other leaves.
 
   A leaf under a mirror prefix belongs to the parameter named by the rest of its path (or, in
   a state saved by the first keyed design, by the canonical key stored as its last component).
   """
-  slots: dict[tuple[Path, str], Any] = {}
+  owners: dict[tuple[Path, str], Any] = {}
   plain: dict[Path, Any] = {}
   longest_first = sorted(prefixes, key=len, reverse=True)
   for comps, leaf in mirrors_lib.state_leaves(state):  # (a MaskedNode has no leaves)
-    key = mirrors_lib.slot_key(comps, longest_first)
+    key = mirrors_lib.owner_of(comps, longest_first)
     if key is None:
       plain[comps] = tuple(np.shape(leaf))
     else:
-      slots[key] = tuple(np.shape(leaf))
-  return slots, plain
+      owners[key] = tuple(np.shape(leaf))
+  return owners, plain
 
 
 def _mismatch(
@@ -65,8 +65,8 @@ def _mismatch(
   """The error for a state that is not what ``tx.init`` builds for these parameters."""
   index = ParamIndex.of(reference, by)
   prefixes = [prefix for prefix, _, _ in mirrors_lib.mirrors(expected, index)]
-  want, want_plain = _slot_table(expected, prefixes)
-  have, have_plain = _slot_table(state, prefixes)
+  want, want_plain = _owner_table(expected, prefixes)
+  have, have_plain = _owner_table(state, prefixes)
   if by == "position":  # the parameters' positions, and the state's own order
     want = mirrors_lib.rekey(want, dict(zip(ParamIndex.of(reference, "name").keys, index.keys)))
     try:
@@ -126,8 +126,8 @@ def _per_example(have: dict[Any, Any], want: dict[Any, Any]) -> bool:
   if not want or set(have) != set(want):
     return False
   sizes = set()
-  for slot, per_example in want.items():
-    built_for = have[slot]
+  for owner, per_example in want.items():
+    built_for = have[owner]
     if len(per_example) != len(built_for) + 1 or per_example[1:] != built_for:
       return False
     sizes.add(per_example[0])

@@ -108,7 +108,7 @@ def mirrors(state: Any, index: ParamIndex) -> list[tuple[Path, Any, tuple[str | 
 def state_leaves(tree: Any) -> list[tuple[Path, Any]]:
   """``(path components, leaf)`` of a state, whatever form it comes in.
 
-  A flax ``Variable``'s own ``.value`` slot and the ``{'value': x}`` dicts orbax writes for a
+  A flax ``Variable``'s own ``.value`` attribute and the ``{'value': x}`` dicts orbax writes for a
   saved ``nnx.State`` are not part of the path, so live, restored and pure NNX states agree.
   """
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -121,7 +121,7 @@ def state_leaves(tree: Any) -> list[tuple[Path, Any]]:
   return out
 
 
-def slot_key(comps: Path, prefixes: list[Path]) -> tuple[Path, str] | None:
+def owner_of(comps: Path, prefixes: list[Path]) -> tuple[Path, str] | None:
   """``(prefix, parameter key)`` of a state leaf at ``comps``, if it lies under a mirror."""
   for prefix in prefixes:
     n = len(prefix)
@@ -136,7 +136,7 @@ def slot_key(comps: Path, prefixes: list[Path]) -> tuple[Path, str] | None:
   return None
 
 
-def positions_of(slots: Any, state: Any = None) -> dict[str, str]:
+def positions_of(owners: Any, state: Any = None) -> dict[str, str]:
   """``{named key: positional key}`` of the parameters a state mirrors: the order in which
   their names first appear in its fullest mirror (a parameter's flatten position, for a state
   built by ``tx.init``). Masked parameters have no state, so a masked state's positions cannot
@@ -149,7 +149,7 @@ def positions_of(slots: Any, state: Any = None) -> dict[str, str]:
       "cannot be read from it; key this optimizer by name (keyed(tx, by='name'))"
     )
   per_prefix: dict[Path, list[str]] = {}
-  for prefix, key in slots:
+  for prefix, key in owners:
     names = per_prefix.setdefault(prefix, [])
     if key not in names:
       names.append(key)
@@ -158,7 +158,7 @@ def positions_of(slots: Any, state: Any = None) -> dict[str, str]:
 
 
 def rekey(table: dict[tuple[Path, str], Any], names: dict[str, str]) -> dict[tuple[Path, str], Any]:
-  """A slot table with its named keys replaced by ``names[key]`` (positional keys)."""
+  """An owner table with its named keys replaced by ``names[key]`` (positional keys)."""
   return {(prefix, names.get(key, key)): v for (prefix, key), v in table.items()}
 
 

@@ -59,10 +59,10 @@ def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: An
   pure = getattr(nnx, "as_pure", None) or nnx.pure
   params = pure(nnx.state(model, optimizer.wrt))
   new_state, report = reconcile(optimizer.tx, restored, params, **options)
-  slots = jax.tree.leaves(optimizer.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  variables = jax.tree.leaves(optimizer.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
   values = jax.tree.leaves(new_state)
-  if len(slots) != len(values) or any(
-    np.shape(v.get_value()) != np.shape(x) for v, x in zip(slots, values)
+  if len(variables) != len(values) or any(
+    np.shape(v.get_value()) != np.shape(x) for v, x in zip(variables, values)
   ):
     raise errors.ReconcileError(
       "the optimizer's state does not have the structure its transformation builds for the "
@@ -72,7 +72,7 @@ def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: An
   step = None
   if isinstance(restored, Mapping) and "step" in restored:
     step = dict(mirrors_lib.state_leaves({"step": restored["step"]})).get(("step",))
-  for variable, value in zip(slots, values):
+  for variable, value in zip(variables, values):
     variable.set_value(value)
   if step is not None:
     optimizer.step.set_value(jnp.asarray(step, optimizer.step.get_value().dtype))

@@ -176,7 +176,7 @@ def _realign(
   diff = _compare(form, old, new_state_ok=True)
   if diff.optimizer_problems:
     return None
-  fresh = {form.slots[c][0] if form.slots[c] is not None else c for c in diff.needs_init}  # type: ignore[index]
+  fresh = {form.owners[c][0] if form.owners[c] is not None else c for c in diff.needs_init}  # type: ignore[index]
   note = align.describe(moves, sorted(fresh))
   diff.optimizer_changed = note + (f"; {diff.optimizer_changed}" if diff.optimizer_changed else "")
   return form, old, diff
@@ -191,10 +191,10 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
   moved: set[str] = set()
   for comps, sds in layout.leaves:
     want = (tuple(sds.shape), sds.dtype)
-    slot = layout.slots[comps]
-    if slot is not None:
-      prefix, key = slot
-      have = old.slots.get(slot)
+    owner = layout.owners[comps]
+    if owner is not None:
+      prefix, key = owner
+      have = old.owners.get(owner)
       if have is None:
         needs_init.add(comps)
         if key in had_state and not new_state_ok:  # else: a wrapper's own (MultiSteps' acc_grads)
@@ -214,7 +214,7 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
       problems.append(
         f"{'/'.join(comps)}: old state has {_fmt(spec(have))}, the optimizer now needs {_fmt(want)}"
       )
-  if problems and not had_state & new_keys and old.plain.keys().isdisjoint(layout.slots):
+  if problems and not had_state & new_keys and old.plain.keys().isdisjoint(layout.owners):
     seen = sorted("/".join(c) for c in old.plain)[:3]
     problems.append(
       f"no entry of the old state is where this optimizer keeps one (it has {', '.join(seen)}, "
@@ -226,7 +226,7 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
     )
   # a re-initialised key gets fresh state in every leaf it owns
   needs_init |= {
-    c for c, slot in layout.slots.items() if slot is not None and slot[1] in mismatched
+    c for c, owner in layout.owners.items() if owner is not None and owner[1] in mismatched
   }
   return _Diff(
     added=sorted(new_keys - had_state),
@@ -250,7 +250,7 @@ def _optimizer_change(layout: Layout, old: OldState) -> str:
   if not gone:
     return ""
   keeps = sorted({"/".join(prefix) or "<root>" for prefix in layout.prefixes})
-  keeps += sorted({"/".join(c) for c, slot in layout.slots.items() if slot is None})
+  keeps += sorted({"/".join(c) for c, owner in layout.owners.items() if owner is None})
   shown = ", ".join(gone[:6]) + (f", ... ({len(gone)} in all)" if len(gone) > 6 else "")
   return (
     f"the old state's {shown} are not kept: the optimizer changed "
@@ -327,12 +327,12 @@ def _resize(
   if policy in ("error", "init"):
     return {}
   out = {}
-  for comps, slot in layout.slots.items():
-    if slot is None or slot[1] not in diff.mismatched or old.slots.get(slot) is None:
+  for comps, owner in layout.owners.items():
+    if owner is None or owner[1] not in diff.mismatched or old.owners.get(owner) is None:
       continue
-    leaf, how = resize_lib.apply(policy, slot[1], old.slots[slot], fresh[comps])
+    leaf, how = resize_lib.apply(policy, owner[1], old.owners[owner], fresh[comps])
     fresh[comps] = leaf
-    out[comps] = (slot[1], how)
+    out[comps] = (owner[1], how)
   return out
 
 
@@ -341,7 +341,7 @@ def _hyper_paths(layout: Layout) -> list[Path]:
   return [
     c
     for c, sds in layout.leaves
-    if layout.slots[c] is None and len(c) >= 2 and c[-2] == "hyperparams" and not sds.shape
+    if layout.owners[c] is None and len(c) >= 2 and c[-2] == "hyperparams" and not sds.shape
   ]
 
 
@@ -381,11 +381,11 @@ def _assemble(layout: Layout, old: OldState, diff: _Diff, fresh: dict[Path, Any]
     if comps in diff.needs_init:
       leaves.append(fresh[comps])
       continue
-    slot = layout.slots[comps]
-    kept = old.slots[slot] if slot is not None else old.plain[comps]
+    owner = layout.owners[comps]
+    kept = old.owners[owner] if owner is not None else old.plain[comps]
     kept = kept if isinstance(kept, jax.Array) else jnp.asarray(kept)
     # State that mirrors a parameter follows it to its (possibly new) mesh, bit-exact.
-    param = placement.get(slot[1]) if slot is not None else None
+    param = placement.get(owner[1]) if owner is not None else None
     if param is not None and param[0] == kept.shape:
       if not kept.sharding.is_equivalent_to(param[1], kept.ndim):
         kept = devices_lib.settle(jax.device_put(kept, param[1]))  # one reshard in flight

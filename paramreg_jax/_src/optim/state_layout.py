@@ -27,7 +27,7 @@ def spec(x: Any) -> tuple[tuple[int, ...], Any]:
   return tuple(np.shape(x)), mirrors_lib.dtype_of(x)  # numpy's or jax's extended (PRNG key) dtype
 
 
-Slot = tuple[Path, str]  # (mirror prefix in the state, parameter key)
+Owner = tuple[Path, str]  # (mirror prefix in the state, parameter key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Layout:
   index: mirrors_lib.ParamIndex
   prefixes: list[Path]  # the state's subtrees that mirror the parameters, longest first
   leaves: list[tuple[Path, Any]]  # (path in the state, ShapeDtypeStruct)
-  slots: dict[Path, Slot | None]  # per-parameter leaves; None for counts, hyperparameters
+  owners: dict[Path, Owner | None]  # per-parameter leaves; None for counts, hyperparameters
   names: dict[str, str]  # named key -> the key used here (itself, or p:<index> by position)
   # the abstract states after 1, 2 updates (optax.monitor fills its state late): traced only
   # when the old state is not in ``tx.init``'s form (tracing updates costs ~15x ``tx.init``)
@@ -50,7 +50,7 @@ class Layout:
 
   @property
   def keys(self) -> set[str]:
-    return {slot[1] for slot in self.slots.values() if slot is not None}
+    return {owner[1] for owner in self.owners.values() if owner is not None}
 
 
 def new_layout(
@@ -64,19 +64,19 @@ def new_layout(
     (prefix for prefix, _, _ in mirrors_lib.mirrors(abstract, index)), key=len, reverse=True
   )
   leaves = mirrors_lib.state_leaves(abstract)
-  slots = slots_of(leaves, prefixes, names)
+  owners = owners_of(leaves, prefixes, names)
   later = functools.partial(later_forms, inner, params)
-  return Layout(abstract, index, prefixes, leaves, slots, names, later)
+  return Layout(abstract, index, prefixes, leaves, owners, names, later)
 
 
-def slots_of(
+def owners_of(
   leaves: list[tuple[Path, Any]], prefixes: list[Path], names: dict[str, str]
-) -> dict[Path, Slot | None]:
+) -> dict[Path, Owner | None]:
   """Each state leaf's (mirror prefix, parameter key), or None for counts, hyperparameters."""
-  out: dict[Path, Slot | None] = {}
+  out: dict[Path, Owner | None] = {}
   for comps, _ in leaves:
-    slot = mirrors_lib.slot_key(comps, prefixes)
-    out[comps] = None if slot is None else (slot[0], names.get(slot[1], slot[1]))
+    owner = mirrors_lib.owner_of(comps, prefixes)
+    out[comps] = None if owner is None else (owner[0], names.get(owner[1], owner[1]))
   return out
 
 
@@ -87,7 +87,7 @@ def later_forms(inner: optax.GradientTransformation, params: Any) -> list[Any]:
 
 
 def plain_specs(layout: Layout) -> dict[Path, Any]:
-  return {c: (tuple(x.shape), x.dtype) for c, x in layout.leaves if layout.slots[c] is None}
+  return {c: (tuple(x.shape), x.dtype) for c, x in layout.leaves if layout.owners[c] is None}
 
 
 def matching_form(layout: Layout, old: OldState) -> Layout:
@@ -98,8 +98,8 @@ def matching_form(layout: Layout, old: OldState) -> Layout:
     return layout
   for abstract in layout.later:
     leaves = mirrors_lib.state_leaves(abstract)
-    slots = slots_of(leaves, layout.prefixes, layout.names)
-    form = dataclasses.replace(layout, abstract=abstract, leaves=leaves, slots=slots)
+    owners = owners_of(leaves, layout.prefixes, layout.names)
+    form = dataclasses.replace(layout, abstract=abstract, leaves=leaves, owners=owners)
     if all(specs.get(c) == spec for c, spec in plain_specs(form).items()):
       return form
   return layout
@@ -109,7 +109,7 @@ def matching_form(layout: Layout, old: OldState) -> Layout:
 class OldState:
   """The old state's leaves: per-parameter ones by (prefix, renamed key), the rest by path."""
 
-  slots: dict[Slot, Any]
+  owners: dict[Owner, Any]
   plain: dict[Path, Any]
   renamed: tuple[tuple[str, str], ...]
   elsewhere: dict[str, list[Path]]  # keys with state where the new optimizer keeps none
@@ -119,7 +119,7 @@ class OldState:
 
   @property
   def keys(self) -> set[str]:
-    return {key for _, key in self.slots}
+    return {key for _, key in self.owners}
 
 
 def read_old_state(
@@ -132,15 +132,15 @@ def read_old_state(
   """The old state's leaves by (mirror prefix, key) with ``rename`` applied, the other leaves
   by path, and what the new optimizer will not keep. ``leaves``: the state's leaves already
   moved (a state found under a new wrapping)."""
-  raw: dict[Slot, Any] = {}
+  raw: dict[Owner, Any] = {}
   plain: dict[Path, Any] = {}
   for comps, leaf in mirrors_lib.state_leaves(state) if leaves is None else leaves:
-    slot = mirrors_lib.slot_key(comps, layout.prefixes)
-    if slot is None:
+    owner = mirrors_lib.owner_of(comps, layout.prefixes)
+    if owner is None:
       plain[comps] = leaf
     else:
-      raw[slot] = leaf
-  known = {p for p in layout.slots if layout.slots[p] is None}
+      raw[owner] = leaf
+  known = {p for p in layout.owners if layout.owners[p] is None}
   if any(p not in known for p in plain):  # only then: forms the updates fill in
     known |= {c for form in layout.later for c, _ in mirrors_lib.state_leaves(form)}
   elsewhere = state_elsewhere(plain, known, {k for _, k in raw} | set(layout.names))
@@ -172,12 +172,12 @@ def read_old_state(
       )
     overwritten.extend(k for k in sources if pairs[k] == k)
   gone = set(overwritten)
-  slots = {(prefix, pairs[key]): leaf for (prefix, key), leaf in raw.items() if key not in gone}
+  owners = {(prefix, pairs[key]): leaf for (prefix, key), leaf in raw.items() if key not in gone}
   elsewhere = {pairs[k]: ps for k, ps in elsewhere.items() if k not in gone}
   per_parameter = {p for ps in elsewhere.values() for p in ps}
   discarded = [p for p in plain if p not in known and p not in per_parameter]
   return OldState(
-    slots,
+    owners,
     plain,
     tuple(sorted((a, b) for a, b in pairs.items() if a != b)),
     elsewhere,
