@@ -74,17 +74,24 @@ MUTATIONS = (
   ),
   Mutation(
     "a transpose recipe's axes swapped",
-    "paramreg_jax/_src/recipes/compiler.py",
-    "    return lambda fetch: np.transpose(permuted(fetch), node.axes)",
-    "    return lambda fetch: np.transpose(permuted(fetch), tuple(reversed(node.axes)))",
+    "paramreg_jax/_src/recipes/ops/transpose.py",
+    "    return lambda fetch: np.transpose(permuted(fetch), self.axes)",
+    "    return lambda fetch: np.transpose(permuted(fetch), tuple(reversed(self.axes)))",
     ("tests/test_match_architectures.py", "-k", "forward and llama and flax"),
   ),
   Mutation(
     "a shard read from the wrong offset",
-    "paramreg_jax/_src/sources/safetensors.py",
+    "paramreg_jax/_src/sources/safetensors_format.py",
     "      self.store.pread_into(out, offset + a * row, repr(key))\n",
     "      self.store.pread_into(out, offset + (a + (a + 1 < shape[0])) * row, repr(key))\n",
     ("tests/test_safetensors_differential.py", "-k", "agree"),
+  ),
+  Mutation(
+    "the plan asks a JaxBackend instead of the user's backend",
+    "paramreg_jax/_src/restore/planning.py",
+    "    p.backend.preflight_recipe(recipe, p.source)\n",
+    "    backend_lib.JaxBackend().preflight_recipe(recipe, p.source)\n",
+    ("tests/test_backend_contract.py",),
   ),
   Mutation(
     "a diverged alias written once",
