@@ -81,9 +81,9 @@ MUTATIONS = (
   ),
   Mutation(
     "a shard read from the wrong offset",
-    "paramreg_jax/_src/sources/safetensors_format.py",
-    "      self.store.pread_into(out, offset + a * row, repr(key))\n",
-    "      self.store.pread_into(out, offset + (a + (a + 1 < shape[0])) * row, repr(key))\n",
+    "paramreg_jax/_src/sources/stores.py",
+    "    store.pread_into(out, offset + a * row, what)\n",
+    "    store.pread_into(out, offset + (a + (a + 1 < shape[0])) * row, what)\n",
     ("tests/test_safetensors_differential.py", "-k", "agree"),
   ),
   Mutation(

@@ -51,6 +51,7 @@ from paramreg_jax._src.restore.pipeline import restore
 from paramreg_jax._src.restore.plan import PlanEntry
 from paramreg_jax._src.restore.plan import RestorePlan
 from paramreg_jax._src.restore.planning import plan_restore
+from paramreg_jax._src.sources.gguf import GGUFSource
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
@@ -88,6 +89,7 @@ __all__ = (
   "ExportError",
   "ExportPlan",
   "Full",
+  "GGUFSource",
   "Indices",
   "JaxBackend",
   "Match",

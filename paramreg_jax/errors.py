@@ -30,6 +30,7 @@ from paramreg_jax._src.errors import InvalidRegionError
 from paramreg_jax._src.errors import InvalidSelectionAxisError
 from paramreg_jax._src.errors import KeyCollisionError
 from paramreg_jax._src.errors import MalformedConfigError
+from paramreg_jax._src.errors import MalformedGGUFError
 from paramreg_jax._src.errors import MalformedIndexError
 from paramreg_jax._src.errors import MalformedKeyError
 from paramreg_jax._src.errors import MalformedSafetensorsError
@@ -40,6 +41,7 @@ from paramreg_jax._src.errors import NamedSlotHijackError
 from paramreg_jax._src.errors import OrderingContractError
 from paramreg_jax._src.errors import ParamRegError
 from paramreg_jax._src.errors import PatternError
+from paramreg_jax._src.errors import QuantizedLayoutError
 from paramreg_jax._src.errors import RecipeError
 from paramreg_jax._src.errors import RecipeSetError
 from paramreg_jax._src.errors import RecipeShapeMismatchError
@@ -51,6 +53,7 @@ from paramreg_jax._src.errors import SourceIOError
 from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
+from paramreg_jax._src.errors import UnknownQuantizationError
 from paramreg_jax._src.errors import UnknownSourceKeyError
 from paramreg_jax._src.errors import UnknownTensorError
 from paramreg_jax._src.errors import UnsafeShardPathError
@@ -76,6 +79,7 @@ __all__ = (
   "InvalidSelectionAxisError",
   "KeyCollisionError",
   "MalformedConfigError",
+  "MalformedGGUFError",
   "MalformedIndexError",
   "MalformedKeyError",
   "MalformedSafetensorsError",
@@ -86,6 +90,7 @@ __all__ = (
   "OrderingContractError",
   "ParamRegError",
   "PatternError",
+  "QuantizedLayoutError",
   "RecipeError",
   "RecipeSetError",
   "RecipeShapeMismatchError",
@@ -97,6 +102,7 @@ __all__ = (
   "StateMismatchError",
   "StoreError",
   "UnknownKeyPrefixError",
+  "UnknownQuantizationError",
   "UnknownSourceKeyError",
   "UnknownTensorError",
   "UnsafeShardPathError",

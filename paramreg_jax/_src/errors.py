@@ -85,6 +85,10 @@ class MalformedIndexError(StoreError):
   """A sharded safetensors index (``model.safetensors.index.json``) is malformed."""
 
 
+class MalformedGGUFError(StoreError):
+  """A ``.gguf`` file that is not one, is truncated, or has a tensor outside the file."""
+
+
 class MalformedConfigError(StoreError):
   """A checkpoint's ``config.json`` exists but is not a JSON object."""
 
@@ -184,6 +188,14 @@ class ZeroSizedOutputError(RecipeError):
 
 class UnsupportedDtypeError(RecipeError):
   """A dtype a recipe cannot represent (object, string, ...), or an op it cannot apply."""
+
+
+class UnknownQuantizationError(RecipeError):
+  """A ``dequantize`` names a block format the library does not know."""
+
+
+class QuantizedLayoutError(RecipeError):
+  """Quantized data whose blocks or scales do not fit the shape it claims."""
 
 
 class RecipeSetError(RecipeError):

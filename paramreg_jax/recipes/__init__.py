@@ -6,8 +6,11 @@ from paramreg_jax._src.recipes.inference import source_keys
 from paramreg_jax._src.recipes.ops import Recipe
 from paramreg_jax._src.recipes.ops import cast
 from paramreg_jax._src.recipes.ops import concatenate
+from paramreg_jax._src.recipes.ops import dequantize
+from paramreg_jax._src.recipes.ops import mxfp4
 from paramreg_jax._src.recipes.ops import neg_log
 from paramreg_jax._src.recipes.ops import reshape
+from paramreg_jax._src.recipes.ops import scale_blocks
 from paramreg_jax._src.recipes.ops import select
 from paramreg_jax._src.recipes.ops import source
 from paramreg_jax._src.recipes.ops import stack
@@ -28,12 +31,15 @@ __all__ = (
   "Rename",
   "cast",
   "concatenate",
+  "dequantize",
   "evaluate",
   "fused_split",
   "infer",
+  "mxfp4",
   "neg_log",
   "rename",
   "reshape",
+  "scale_blocks",
   "select",
   "source",
   "source_keys",

@@ -41,9 +41,6 @@ if hasattr(ml_dtypes, "float8_e8m0fnu"):
 
 _MAX_HEADER = 100_000_000  # the safetensors package's own limit
 INDEX_NAME = "model.safetensors.index.json"
-# A strided region (columns of a matrix) is read as whole rows through a scratch buffer of at
-# most this many bytes at a time; contiguous regions go straight into the output buffer.
-_SCRATCH_BYTES = 8 * 1024 * 1024
 
 
 class _DuplicateName(ValueError):
@@ -222,38 +219,5 @@ class SafetensorsFile:
     out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
     if out.size == 0:
       return out
-    self._read_box(offset, meta.shape, meta.dtype.itemsize, region, out, key)
+    stores.read_box(self.store, offset, meta.shape, meta.dtype.itemsize, region, out, repr(key))
     return out
-
-  def _read_box(
-    self,
-    offset: int,
-    shape: tuple[int, ...],
-    itemsize: int,
-    region: sel_lib.Region,
-    out: np.ndarray,
-    key: str,
-  ) -> None:
-    if not shape:
-      self.store.pread_into(out, offset, repr(key))
-      return
-    (a, b), rest = region[0], region[1:]
-    row = itemsize
-    for d in shape[1:]:
-      row *= d
-    if all(lo == 0 and hi == d for (lo, hi), d in zip(rest, shape[1:])):  # contiguous rows
-      self.store.pread_into(out, offset + a * row, repr(key))
-      return
-    if row > _SCRATCH_BYTES:  # one row is large: recurse into it, row by row
-      for i in range(a, b):
-        self._read_box(offset + i * row, shape[1:], itemsize, rest, out[i - a], key)
-      return
-    per = max(1, _SCRATCH_BYTES // row)
-    scratch = np.empty(min(per, b - a) * row, np.uint8)
-    inner = sel_lib.region_slices(rest)
-    for i in range(a, b, per):
-      m = min(per, b - i)
-      buf = scratch[: m * row]
-      self.store.pread_into(buf, offset + i * row, repr(key))
-      block = buf.view(out.dtype).reshape((m, *shape[1:]))
-      out[i - a : i - a + m] = block[(slice(None), *inner)]

@@ -20,6 +20,10 @@ import numpy as np
 
 from paramreg_jax._src import errors
 
+# A strided region (columns of a matrix) is read as whole rows through a scratch buffer of at
+# most this many bytes at a time; contiguous regions go straight into the output buffer.
+SCRATCH_BYTES = 8 * 1024 * 1024
+
 
 def is_url(path: Any) -> bool:
   text = os.fspath(path) if isinstance(path, os.PathLike) else path
@@ -127,3 +131,40 @@ class LocalFolder:
 
   def open(self, name: str) -> LocalFile:
     return LocalFile(self.root / name)
+
+
+def read_box(
+  store: Any,
+  offset: int,
+  shape: tuple[int, ...],
+  itemsize: int,
+  region: Any,
+  out: np.ndarray,
+  what: str,
+) -> None:
+  """Fills ``out`` with ``region`` of the row-major tensor of ``shape`` stored at ``offset``:
+  contiguous rows straight into ``out``, a strided region as whole rows through a bounded
+  scratch buffer (a row larger than it: row by row). ``what`` names the read in errors."""
+  if not shape:
+    store.pread_into(out, offset, what)
+    return
+  (a, b), rest = region[0], region[1:]
+  row = itemsize
+  for d in shape[1:]:
+    row *= d
+  if all(lo == 0 and hi == d for (lo, hi), d in zip(rest, shape[1:])):  # contiguous rows
+    store.pread_into(out, offset + a * row, what)
+    return
+  if row > SCRATCH_BYTES:  # one row is large: recurse into it, row by row
+    for i in range(a, b):
+      read_box(store, offset + i * row, shape[1:], itemsize, rest, out[i - a], what)
+    return
+  per = max(1, SCRATCH_BYTES // row)
+  scratch = np.empty(min(per, b - a) * row, np.uint8)
+  inner = tuple(slice(lo, hi) for lo, hi in rest)
+  for i in range(a, b, per):
+    m = min(per, b - i)
+    buf = scratch[: m * row]
+    store.pread_into(buf, offset + i * row, what)
+    block = buf.view(out.dtype).reshape((m, *shape[1:]))
+    out[i - a : i - a + m] = block[(slice(None), *inner)]

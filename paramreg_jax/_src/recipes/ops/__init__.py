@@ -18,10 +18,16 @@ from paramreg_jax._src.recipes.ops.catalog import INVERSE_STEPS
 from paramreg_jax._src.recipes.ops.catalog import OPS
 from paramreg_jax._src.recipes.ops.concatenate import Concatenate
 from paramreg_jax._src.recipes.ops.concatenate import concatenate
+from paramreg_jax._src.recipes.ops.dequantize import Dequantize
+from paramreg_jax._src.recipes.ops.dequantize import dequantize
+from paramreg_jax._src.recipes.ops.mxfp4 import Mxfp4
+from paramreg_jax._src.recipes.ops.mxfp4 import mxfp4
 from paramreg_jax._src.recipes.ops.neg_log import NegLog
 from paramreg_jax._src.recipes.ops.neg_log import neg_log
 from paramreg_jax._src.recipes.ops.reshape import Reshape
 from paramreg_jax._src.recipes.ops.reshape import reshape
+from paramreg_jax._src.recipes.ops.scale_blocks import ScaleBlocks
+from paramreg_jax._src.recipes.ops.scale_blocks import scale_blocks
 from paramreg_jax._src.recipes.ops.select import Select
 from paramreg_jax._src.recipes.ops.select import select
 from paramreg_jax._src.recipes.ops.source import Source
@@ -40,12 +46,15 @@ __all__ = (
   "OPS",
   "Cast",
   "Concatenate",
+  "Dequantize",
   "InverseStep",
+  "Mxfp4",
   "NegLog",
   "NotInvertible",
   "Read",
   "Recipe",
   "Reshape",
+  "ScaleBlocks",
   "Select",
   "Source",
   "Stack",
@@ -56,8 +65,11 @@ __all__ = (
   "check_axis",
   "check_recipe",
   "concatenate",
+  "dequantize",
+  "mxfp4",
   "neg_log",
   "reshape",
+  "scale_blocks",
   "select",
   "source",
   "stack",

@@ -6,8 +6,11 @@ from paramreg_jax._src.recipes.ops.base import InverseStep
 from paramreg_jax._src.recipes.ops.base import Recipe
 from paramreg_jax._src.recipes.ops.cast import Cast
 from paramreg_jax._src.recipes.ops.concatenate import Concatenate
+from paramreg_jax._src.recipes.ops.dequantize import Dequantize
+from paramreg_jax._src.recipes.ops.mxfp4 import Mxfp4
 from paramreg_jax._src.recipes.ops.neg_log import NegLog
 from paramreg_jax._src.recipes.ops.reshape import Reshape
+from paramreg_jax._src.recipes.ops.scale_blocks import ScaleBlocks
 from paramreg_jax._src.recipes.ops.select import Select
 from paramreg_jax._src.recipes.ops.source import Source
 from paramreg_jax._src.recipes.ops.stack import Stack
@@ -26,6 +29,9 @@ OPS: tuple[type[Recipe], ...] = (
   View,
   NegLog,
   SubtractOne,
+  Dequantize,
+  ScaleBlocks,
+  Mxfp4,
 )
 """Every op; a new one is added here once it has its file."""
 

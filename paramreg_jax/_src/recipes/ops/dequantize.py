@@ -1,0 +1,98 @@
+"""``dequantize(x, format)``: rows of block-quantized bytes (GGUF's Q8_0, Q4_K, MXFP4, ...) to
+float32 values; a box of the output reads only the blocks that hold it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.quant import catalog
+from paramreg_jax._src.sources import selection as sel_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Dequantize(base.Unary):
+  input: base.Recipe
+  format: str
+
+  def __str__(self) -> str:
+    return f"dequantize({self.input}, {self.format!r})"
+
+  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+    (m,) = inputs
+    fmt = _format(self.format, self)
+    if m.dtype != np.uint8 or not m.shape:
+      raise errors.QuantizedLayoutError(
+        f"{self}: dequantize reads rows of raw bytes (uint8 [..., bytes]), got {m}"
+      )
+    if m.shape[-1] % fmt.nbytes:
+      raise errors.QuantizedLayoutError(
+        f"{self}: rows of {m.shape[-1]} bytes are not whole {fmt.name} blocks of {fmt.nbytes} "
+        "bytes; the tensor is truncated or not in this format"
+      )
+    values = m.shape[-1] // fmt.nbytes * fmt.block
+    return base.Meta.of((*m.shape[:-1], values), np.dtype(np.float32))
+
+  def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
+    """The bytes of the blocks that cover the box's columns, dequantized, then trimmed."""
+    fmt = _format(self.format, self)
+    *lead, (c0, c1) = region
+    b0, b1 = c0 // fmt.block, -(-c1 // fmt.block)
+    raw = build.child(self.input, (*lead, (b0 * fmt.nbytes, b1 * fmt.nbytes)))
+    rows = tuple(b - a for a, b in lead)
+    skip = c0 - b0 * fmt.block
+
+    def run(fetch: base.Fetch) -> np.ndarray:
+      blocks = np.ascontiguousarray(raw(fetch)).reshape((-1, fmt.nbytes))
+      values = fmt.dequantize(blocks).reshape((*rows, (b1 - b0) * fmt.block))
+      return values[..., skip : skip + c1 - c0]
+
+    return run
+
+  def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
+    raise base.NotInvertible(
+      f"{self}: the checkpoint holds {self.format} blocks, and writing quantized tensors is not "
+      "supported; export to a float checkpoint instead (a safetensors layout without "
+      "dequantize)"
+    )
+
+  def code(self, code_of: Callable[[base.Recipe], str]) -> str:
+    return f"R.dequantize({code_of(self.input)}, {self.format!r})"
+
+
+def _format(name: str, where: Any) -> Any:
+  fmt = catalog.FORMATS.get(name)
+  if fmt is None:
+    raise errors.UnknownQuantizationError(
+      f"{where}: unknown block format {name!r}; known: {', '.join(sorted(catalog.FORMATS))}"
+      + errors.did_you_mean(str(name), catalog.FORMATS)
+    )
+  return fmt
+
+
+def dequantize(x: base.Recipe, format: str) -> Dequantize:
+  """Block-quantized rows (``uint8 [..., bytes]``) to float32 values (``[..., values]``).
+
+  ``format`` is a GGUF block format: ``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``,
+  ``Q2_K``, ``Q3_K``, ``Q4_K``, ``Q5_K``, ``Q6_K`` or ``MXFP4``. The values equal the
+  ``gguf`` package's reference dequantizers bit for bit.
+
+  Raises:
+    UnknownQuantizationError: an unknown format (at construction).
+
+  Examples:
+    >>> import numpy as np
+    >>> import paramreg_jax as prj
+    >>> from paramreg_jax import recipes as R
+    >>> block = np.zeros(34, np.uint8); block[:2] = np.array([0.5], np.float16).view(np.uint8); block[2:] = 3
+    >>> src = prj.MemorySource({"w": block.reshape(1, 34)})
+    >>> R.evaluate(R.dequantize(R.source("w"), "Q8_0"), src)[0, :4].tolist()
+    [1.5, 1.5, 1.5, 1.5]
+  """
+  x = base.check_recipe(x, "dequantize's input")
+  return Dequantize(x, _format(format, f"dequantize({x}, {format!r})").name)

@@ -1,0 +1,78 @@
+"""``mxfp4(blocks, scales)``: MXFP4 as gpt-oss saves it (``*_blocks`` uint8 ``[..., G, 16]``
+and ``*_scales`` E8M0 ``[..., G]``) to float32 ``[..., G * 32]``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.quant import mxfp4 as mxfp4_format
+from paramreg_jax._src.sources import selection as sel_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Mxfp4(base.Recipe):
+  blocks: base.Recipe
+  scales: base.Recipe
+
+  def children(self) -> tuple[base.Recipe, ...]:
+    return (self.blocks, self.scales)
+
+  def __str__(self) -> str:
+    return f"mxfp4({self.blocks}, {self.scales})"
+
+  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+    b, s = inputs
+    if b.dtype != np.uint8 or len(b.shape) < 2 or b.shape[-1] != 16:
+      raise errors.QuantizedLayoutError(
+        f"{self}: blocks must be uint8 [..., groups, 16] (32 FP4 values per group), got {b}"
+      )
+    if s.dtype.itemsize != 1 or tuple(s.shape) != tuple(b.shape[:-1]):
+      raise errors.QuantizedLayoutError(
+        f"{self}: scales must be one E8M0 byte per group, shape {b.shape[:-1]}, got {s}"
+      )
+    return base.Meta.of((*b.shape[:-2], b.shape[-2] * 32), np.dtype(np.float32))
+
+  def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
+    """The groups that cover the box's columns, dequantized, then trimmed."""
+    *lead, (c0, c1) = region
+    g0, g1 = c0 // 32, -(-c1 // 32)
+    blocks = build.child(self.blocks, (*lead, (g0, g1), (0, 16)))
+    scales = build.child(self.scales, (*lead, (g0, g1)))
+    skip = c0 - g0 * 32
+
+    def run(fetch: base.Fetch) -> np.ndarray:
+      exps = np.ascontiguousarray(scales(fetch)).view(np.uint8)
+      values = mxfp4_format.dequantize_split(blocks(fetch), exps)
+      return values[..., skip : skip + c1 - c0]
+
+    return run
+
+  def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
+    raise base.NotInvertible(
+      f"{self}: the checkpoint holds MXFP4 blocks, and writing quantized tensors is not "
+      "supported; export to a float checkpoint instead"
+    )
+
+  def code(self, code_of: Callable[[base.Recipe], str]) -> str:
+    return f"R.mxfp4({code_of(self.blocks)}, {code_of(self.scales)})"
+
+
+def mxfp4(blocks: base.Recipe, scales: base.Recipe) -> Mxfp4:
+  """gpt-oss's MXFP4 tensors to float32: ``ldexp(FP4[nibble], scale - 127)``, low nibble first.
+
+  Examples:
+    >>> import numpy as np
+    >>> import paramreg_jax as prj
+    >>> from paramreg_jax import recipes as R
+    >>> blocks = np.full((1, 1, 16), 0x21, np.uint8)  # the values 0.5 (0x1) and 1.0 (0x2)
+    >>> src = prj.MemorySource({"b": blocks, "s": np.full((1, 1), 128, np.uint8)})
+    >>> R.evaluate(R.mxfp4(R.source("b"), R.source("s")), src)[0, :4].tolist()
+    [1.0, 2.0, 1.0, 2.0]
+  """
+  return Mxfp4(base.check_recipe(blocks, "mxfp4's blocks"), base.check_recipe(scales, "its scales"))
