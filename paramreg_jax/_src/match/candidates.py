@@ -357,15 +357,20 @@ def _build_stack(first: ops.Recipe, keys: list[str], grid: tuple[int, ...]) -> o
 def rekey(recipe: ops.Recipe, key_fn: Any) -> ops.Recipe:
   """``recipe`` with every source key ``k`` read as ``key_fn(k)`` (a layer's recipe from layer
   0's, a hint's ``{i}`` filled in); the structure and selections unchanged."""
+  return map_sources(recipe, lambda s: ops.Source(key_fn(s.key), s.selection))
+
+
+def map_sources(recipe: ops.Recipe, fn: Any) -> ops.Recipe:
+  """``recipe`` with every ``source`` node replaced by ``fn(node)`` (a recipe)."""
   if isinstance(recipe, ops.Source):
-    return ops.Source(key_fn(recipe.key), recipe.selection)
+    return fn(recipe)
   fields = {}
   for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
     value = getattr(recipe, f.name)
     if isinstance(value, ops.Recipe):
-      value = rekey(value, key_fn)
+      value = map_sources(value, fn)
     elif isinstance(value, tuple) and value and isinstance(value[0], ops.Recipe):
-      value = tuple(rekey(v, key_fn) for v in value)
+      value = tuple(map_sources(v, fn) for v in value)
     fields[f.name] = value
   return type(recipe)(**fields)
 

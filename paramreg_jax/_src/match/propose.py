@@ -12,6 +12,7 @@ from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
+from paramreg_jax._src.match import quantized
 from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import concepts
@@ -68,6 +69,9 @@ def match(
       layers/mlp/up/kernel  <- stack(3 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)), axis=0)   [name + transpose, stacked 3 layers]
   """
   source_lib.check_source(source, "match")
+  stored = source
+  if quantized.is_quantized(source):  # decided on values, read as blocks (match/quantized.py)
+    source = quantized.ValuesView(source)
   slots = _slots(target)
   if hints is not None and not isinstance(hints, Mapping):
     raise TypeError(
@@ -83,10 +87,13 @@ def match(
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
+  if stored is not source:
+    facts = {**(stored.config or {}), **(config or {})}
+    ordered = _read_stored(ordered, stored, facts, problems)
   ignored = [k for k in keys if k not in used]
   if not problems:
     problems += _unused_layers(ignored, ck)
-  result = Match(ordered, ignored, source, ck.facts.rows(), changed)
+  result = Match(ordered, ignored, stored, ck.facts.rows(), changed)
   if problems:
     raise errors.MatchError(
       errors.collected("match the checkpoint to the target", problems, "nothing was chosen")
@@ -96,7 +103,7 @@ def match(
       result,
     )
   try:
-    planning.plan_restore(target, source, recipes=result)
+    planning.plan_restore(target, stored, recipes=result)
   except errors.RestorePlanError as e:
     raise errors.MatchError(
       f"the proposed mapping does not plan (a bug in match, or a checkpoint it misreads): {e}",
@@ -104,6 +111,22 @@ def match(
       result,
     ) from e
   return result
+
+
+def _read_stored(
+  ordered: list[Proposal], stored: Any, config: dict[str, Any], problems: list[str]
+) -> list[Proposal]:
+  """The proposals made on a quantized source's values, reading its stored blocks."""
+  out = []
+  for p in ordered:
+    if p.recipe is None:
+      out.append(p)
+      continue
+    try:
+      out.append(dataclasses.replace(p, recipe=quantized.to_stored(p.recipe, stored, config)))
+    except ValueError as e:
+      problems.append(f"{p.target}: {e}")
+  return out
 
 
 def _decide(

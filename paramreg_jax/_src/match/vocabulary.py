@@ -133,6 +133,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("pos",) for w in ("pos", "position", "positions", "positional")},
   "token_type_embeddings": ("type", "embed"),
   **{w: ("type",) for w in ("seg", "segment", "type", "token_type")},
+  # GGUF (llama.cpp): blk.{i}.attn_q, ffn_gate, token_embd, output_norm, output
+  "blk": ("layers",),
+  "token_embd": ("embed",),
+  "attn_output": ("attn", "o"),
+  "output_norm": ("final", "norm"),
   "embed_out": ("head",),  # GPT-NeoX
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed")},
 }

@@ -18,6 +18,7 @@ What a tensor looks like to recipes:
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 from typing import Any
@@ -83,7 +84,7 @@ class GGUFSource(source_lib.BaseSource):
     >>> src.metadata("blk.0.ffn_up.weight"), src.quantization("blk.0.ffn_up.weight")
     (TensorMetadata(shape=(2, 34), dtype=dtype('uint8'), nbytes=68), 'Q8_0')
     >>> r = R.dequantize(R.source("blk.0.ffn_up.weight"), "Q8_0")
-    >>> bool(np.abs(R.evaluate(r, src) - values).max() < 0.01), src.config()["num_hidden_layers"]
+    >>> bool(np.abs(R.evaluate(r, src) - values).max() < 0.01), src.config["num_hidden_layers"]
     (True, 1)
   """
 
@@ -134,6 +135,7 @@ class GGUFSource(source_lib.BaseSource):
     with its value; token lists are left out (``tokenizer.ggml.*``)."""
     return dict(self._fields)
 
+  @functools.cached_property
   def config(self) -> dict[str, Any]:
     """The model's description in Hugging Face's words, from the GGUF metadata (``match``
     reads it as it reads a ``config.json``): ``model_type``, layer and head counts, norm

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,11 @@ from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
 
 
-def blocks_of(node: base.Recipe, x: base.Meta, s: base.Meta) -> tuple[int, ...]:
-  """The block each scale covers: ``ceil(x / s)`` per axis (the scale is one value, or has
-  ``x``'s rank with every axis dividing into it)."""
+def blocks_of(
+  node: base.Recipe, x: base.Meta, s: base.Meta, block: tuple[int, ...] | None
+) -> tuple[int, ...]:
+  """The block each scale covers: ``block`` when given, else ``x / s`` per axis (which must
+  divide); every axis must need exactly its number of scales."""
   if s.shape in ((), (1,)):
     return tuple(x.shape)
   if len(s.shape) != len(x.shape):
@@ -24,10 +27,16 @@ def blocks_of(node: base.Recipe, x: base.Meta, s: base.Meta) -> tuple[int, ...]:
       f"{node}: a scale of shape {s.shape} for values of shape {x.shape}: give one scale, or "
       "one per block with the values' rank (per channel: (rows, 1))"
     )
-  block = tuple(-(-n // k) for n, k in zip(x.shape, s.shape))
-  if any(-(-n // b) != k for n, b, k in zip(x.shape, block, s.shape)):
+  if block is None:
+    if any(n % k for n, k in zip(x.shape, s.shape)):
+      raise errors.QuantizedLayoutError(
+        f"{node}: {s.shape} scales do not divide values of shape {x.shape} evenly, so the "
+        "block size is not known; pass block= (DeepSeek-V3's FP8: block=(128, 128))"
+      )
+    block = tuple(n // k for n, k in zip(x.shape, s.shape))
+  if len(block) != len(x.shape) or any(-(-n // b) != k for n, b, k in zip(x.shape, block, s.shape)):
     raise errors.QuantizedLayoutError(
-      f"{node}: {s.shape} scales do not tile values of shape {x.shape} in equal blocks"
+      f"{node}: {s.shape} scales do not tile values of shape {x.shape} in blocks of {block}"
     )
   return block
 
@@ -36,12 +45,14 @@ def blocks_of(node: base.Recipe, x: base.Meta, s: base.Meta) -> tuple[int, ...]:
 class ScaleBlocks(base.Recipe):
   input: base.Recipe
   scale: base.Recipe
+  block: tuple[int, ...] | None = None
 
   def children(self) -> tuple[base.Recipe, ...]:
     return (self.input, self.scale)
 
   def __str__(self) -> str:
-    return f"scale_blocks({self.input}, {self.scale})"
+    block = "" if self.block is None else f", block={self.block}"
+    return f"scale_blocks({self.input}, {self.scale}{block})"
 
   def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
     x, s = inputs
@@ -50,7 +61,7 @@ class ScaleBlocks(base.Recipe):
         raise errors.UnsupportedDtypeError(
           f"{self}: the {what} must be floating (float8, bfloat16, float32), got {m.dtype.name}"
         )
-    blocks_of(self, x, s)
+    blocks_of(self, x, s, self.block)
     return base.Meta.of(x.shape, np.dtype(np.float32))
 
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
@@ -60,7 +71,7 @@ class ScaleBlocks(base.Recipe):
     if s.shape in ((), (1,)):
       one = build.child(self.scale, tuple((0, d) for d in s.shape))
       return lambda fetch: values(fetch).astype(np.float32) * one(fetch).astype(np.float32)
-    block = blocks_of(self, x, s)
+    block = blocks_of(self, x, s, self.block)
     touched = tuple((a // b, -(-e // b)) for (a, e), b in zip(region, block))
     scales = build.child(self.scale, touched)
 
@@ -82,15 +93,22 @@ class ScaleBlocks(base.Recipe):
     )
 
   def code(self, code_of: Callable[[base.Recipe], str]) -> str:
-    return f"R.scale_blocks({code_of(self.input)}, {code_of(self.scale)})"
+    block = "" if self.block is None else f", block={self.block}"
+    return f"R.scale_blocks({code_of(self.input)}, {code_of(self.scale)}{block})"
 
 
-def scale_blocks(x: base.Recipe, scale: base.Recipe) -> ScaleBlocks:
+def scale_blocks(
+  x: base.Recipe, scale: base.Recipe, block: Sequence[int] | None = None
+) -> ScaleBlocks:
   """``x`` (float8, or any float) times its scales, as float32.
 
   ``scale`` is one value (per tensor), or has ``x``'s rank and one value per block: ``(rows,
-  1)`` per channel, ``(ceil(rows / 128), ceil(cols / 128))`` for 128 x 128 blocks (the
-  ``weight_scale_inv`` of DeepSeek-V3 style FP8 checkpoints, which multiplies).
+  1)`` per channel; ``(ceil(rows / 128), ceil(cols / 128))`` with ``block=(128, 128)`` for the
+  ``weight_scale_inv`` of DeepSeek-V3 style FP8 checkpoints (which multiplies). Without
+  ``block``, the scales must divide the values evenly.
+
+  Raises:
+    QuantizedLayoutError: (at plan time) scales that do not tile the values in ``block``.
 
   Examples:
     >>> import ml_dtypes, numpy as np
@@ -101,6 +119,9 @@ def scale_blocks(x: base.Recipe, scale: base.Recipe) -> ScaleBlocks:
     >>> R.evaluate(R.scale_blocks(R.source("w"), R.source("s")), src)[:, ::2].tolist()
     [[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [3.0, 4.0]]
   """
+  blocks = None if block is None else base.check_ints(block, "block")
+  if blocks is not None and not all(blocks):
+    raise ValueError(f"scale_blocks: block sizes must be positive, got {blocks}")
   return ScaleBlocks(
-    base.check_recipe(x, "scale_blocks's values"), base.check_recipe(scale, "its scale")
+    base.check_recipe(x, "scale_blocks's values"), base.check_recipe(scale, "its scale"), blocks
   )

@@ -1,0 +1,188 @@
+"""Generates the tiny quantized checkpoints under ``tests/data/quantized/`` (run once, committed).
+
+* ``llama-q8_0.gguf`` and ``llama-q4_k.gguf``: a randomly initialised Llama (GQA, untied head)
+  written as llama.cpp writes one (its metadata, q and k rows permuted for llama.cpp's rotary
+  layout, norms in F32). Q8_0 is quantized with ``gguf.quants``; Q4_K, which ``gguf`` can only
+  dequantize, holds random valid blocks (small scales, so the forward stays finite).
+  ``llama-*.npz``: fixed ``input_ids``, the logits of ``transformers`` loading that very
+  file and the q/k weights of its first layer as it reads them (``from_pretrained(..., gguf_file=...)``, which dequantizes it and undoes the
+  permutation), in float32. ``config.json``: the Hugging Face config it loads as.
+* ``fp8.safetensors``: a DeepSeek-V3 style FP8 matrix with ``weight_scale_inv`` 128 x 128
+  block scales, and ``fp8_reference.npy``: ``weight_dequant`` of it (float32).
+* ``gpt_oss_moe.safetensors``: gpt-oss style MXFP4 experts (``*_blocks`` and ``*_scales``), and
+  ``gpt_oss_reference.npz``: transformers' ``convert_moe_packed_tensors`` of them.
+
+The test suite needs neither torch nor transformers: it reads these files::
+
+    pip install torch transformers gguf
+    python tests/make_gguf_fixtures.py
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import gguf
+import numpy as np
+import torch
+import transformers as tf
+from safetensors.numpy import save_file
+
+OUT = pathlib.Path(__file__).parent / "data" / "quantized"
+SIZES = dict(
+  vocab_size=64,
+  hidden_size=256,
+  intermediate_size=512,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  max_position_embeddings=64,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=False,
+)
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+  """llama.cpp's ``convert_hf_to_gguf`` permutation of q/k rows (its rotary layout)."""
+  return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _q4_k_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+  """Random valid Q4_K blocks with small float16 ``d``/``dmin`` (finite, modest values)."""
+  blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+  d = (rng.random(blocks.shape[0]) * 1e-4 + 1e-5).astype(np.float16)
+  dmin = (rng.random(blocks.shape[0]) * 4e-4 + 1e-5).astype(np.float16)
+  blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+  blocks[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+  return blocks.reshape(rows, cols // 256 * 144)
+
+
+def _gguf_tensors(model: tf.LlamaForCausalLM) -> dict[str, np.ndarray]:
+  """The model's tensors under llama.cpp's names, q and k permuted."""
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  heads, kv = SIZES["num_attention_heads"], SIZES["num_key_value_heads"]
+  out = {
+    "token_embd.weight": sd["model.embed_tokens.weight"],
+    "output_norm.weight": sd["model.norm.weight"],
+    "output.weight": sd["lm_head.weight"],
+  }
+  for i in range(SIZES["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    out[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
+    out[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+    out[f"blk.{i}.attn_q.weight"] = _permute(sd[p + "self_attn.q_proj.weight"], heads)
+    out[f"blk.{i}.attn_k.weight"] = _permute(sd[p + "self_attn.k_proj.weight"], kv)
+    out[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
+    out[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
+    out[f"blk.{i}.ffn_gate.weight"] = sd[p + "mlp.gate_proj.weight"]
+    out[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
+    out[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
+  return out
+
+
+def write_gguf(path: pathlib.Path, model: tf.LlamaForCausalLM, kind: str) -> None:
+  s = SIZES
+  w = gguf.GGUFWriter(str(path), "llama")
+  w.add_name("tiny-llama")
+  w.add_context_length(s["max_position_embeddings"])
+  w.add_embedding_length(s["hidden_size"])
+  w.add_block_count(s["num_hidden_layers"])
+  w.add_feed_forward_length(s["intermediate_size"])
+  w.add_rope_dimension_count(s["hidden_size"] // s["num_attention_heads"])
+  w.add_head_count(s["num_attention_heads"])
+  w.add_head_count_kv(s["num_key_value_heads"])
+  w.add_layer_norm_rms_eps(s["rms_norm_eps"])
+  w.add_rope_freq_base(10000.0)
+  w.add_vocab_size(s["vocab_size"])
+  rng = np.random.default_rng(5)
+  qtype = gguf.GGMLQuantizationType[kind]
+  for name, value in _gguf_tensors(model).items():
+    if value.ndim == 1:  # norms stay F32, as llama.cpp keeps them
+      w.add_tensor(name, value.astype(np.float32))
+    elif kind == "Q8_0":
+      w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+    else:
+      w.add_tensor(name, _q4_k_blocks(rng, *value.shape), raw_dtype=qtype)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def llama() -> None:
+  torch.manual_seed(0)
+  config = tf.LlamaConfig(**SIZES)
+  model = tf.LlamaForCausalLM(config).eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.ndim == 1:
+        p.add_(0.1 * torch.randn_like(p))
+  ids = np.random.default_rng(0).integers(3, SIZES["vocab_size"], size=(2, 7)).astype(np.int32)
+  for kind in ("Q8_0", "Q4_K"):
+    name = f"llama-{kind.lower()}.gguf"
+    write_gguf(OUT / name, model, kind)
+    loaded = tf.AutoModelForCausalLM.from_pretrained(
+      OUT, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+      logits = loaded(input_ids=torch.tensor(ids).long()).logits.float().numpy()
+    attn = loaded.model.layers[0].self_attn  # the weights transformers reads, un-permuted
+    np.savez(
+      OUT / f"llama-{kind.lower()}.npz",
+      input_ids=ids,
+      output=logits,
+      q_proj_0=attn.q_proj.weight.detach().float().numpy(),
+      k_proj_0=attn.k_proj.weight.detach().float().numpy(),
+    )
+    print(f"{name}: logits {logits.shape}, {(OUT / name).stat().st_size} bytes")
+  (OUT / "config.json").write_text(json.dumps(loaded.config.to_dict(), indent=1, default=str))
+
+
+def fp8() -> None:
+  """DeepSeek-V3's layout: ``weight`` float8_e4m3fn, ``weight_scale_inv`` float32 per block."""
+  rng = np.random.default_rng(1)
+  x = torch.tensor(rng.standard_normal((300, 260)).astype(np.float32)).to(torch.float8_e4m3fn)
+  s = torch.tensor((rng.random((3, 3)) + 0.5).astype(np.float32))
+  ref = x.float().clone()
+  for i in range(3):  # weight_dequant: each 128 x 128 block times its scale
+    for j in range(3):
+      ref[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] *= s[i, j]
+  import ml_dtypes
+
+  weight = x.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+  save_file(
+    {
+      "model.layers.0.mlp.up_proj.weight": weight,
+      "model.layers.0.mlp.up_proj.weight_scale_inv": s.numpy(),
+    },
+    str(OUT / "fp8.safetensors"),
+  )
+  np.save(OUT / "fp8_reference.npy", ref.numpy())
+  print("fp8.safetensors: [300, 260] float8_e4m3fn with [3, 3] block scales")
+
+
+def gpt_oss() -> None:
+  """gpt-oss's MXFP4 experts, and transformers' own dequantization of them."""
+  from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+  rng = np.random.default_rng(2)
+  blocks = rng.integers(0, 256, (2, 64, 2, 16), dtype=np.uint8)  # 2 experts, [64, 64]
+  scales = rng.integers(118, 130, (2, 64, 2), dtype=np.uint8)
+  ref = convert_moe_packed_tensors(torch.tensor(blocks), torch.tensor(scales), dtype=torch.float32)
+  save_file(
+    {
+      "model.layers.0.mlp.experts.down_proj_blocks": blocks,
+      "model.layers.0.mlp.experts.down_proj_scales": scales,
+    },
+    str(OUT / "gpt_oss_moe.safetensors"),
+  )
+  np.savez(OUT / "gpt_oss_reference.npz", down_proj=ref.float().numpy())
+  print(f"gpt_oss_moe.safetensors: blocks {blocks.shape}, reference {tuple(ref.shape)}")
+
+
+if __name__ == "__main__":
+  OUT.mkdir(parents=True, exist_ok=True)
+  llama()
+  fp8()
+  gpt_oss()
