@@ -250,3 +250,13 @@ def test_export_refuses_a_quantized_mapping():
   plan = prj.plan_restore(target, src, recipes={"w": R.dequantize(R.source("w"), "Q8_0")})
   with pytest.raises(errors.ExportPlanError, match=r"Q8_0 blocks.*export to a float checkpoint"):
     prj.plan_export(plan)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K"])
+def test_a_tensor_of_many_chunks_equals_gguf(name):
+  """Blocks are dequantized a chunk at a time: a tensor of several chunks, cut off-block."""
+  rng = np.random.default_rng(4)
+  raw, ref = _random_blocks(rng, name, 3, 1500 if name == "Q8_0" else 400)
+  src = prj.MemorySource({"w": raw})
+  got = R.evaluate(R.dequantize(R.source("w"), name), src, (slice(None), slice(5, None)))
+  np.testing.assert_array_equal(_bits(got), _bits(ref[:, 5:]))

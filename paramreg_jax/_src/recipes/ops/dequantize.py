@@ -15,6 +15,11 @@ from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.sources import selection as sel_lib
 
 
+# blocks are dequantized this many bytes at a time (each format's kernel makes a few temporaries
+# of the chunk's size)
+_CHUNK_BYTES = 1 << 16
+
+
 @dataclasses.dataclass(frozen=True)
 class Dequantize(base.Unary):
   input: base.Recipe
@@ -49,7 +54,11 @@ class Dequantize(base.Unary):
 
     def run(fetch: base.Fetch) -> np.ndarray:
       blocks = np.ascontiguousarray(raw(fetch)).reshape((-1, fmt.nbytes))
-      values = fmt.dequantize(blocks).reshape((*rows, (b1 - b0) * fmt.block))
+      values = np.empty((len(blocks), fmt.block), np.float32)
+      step = max(1, _CHUNK_BYTES // fmt.nbytes)  # the kernels' temporaries stay small
+      for i in range(0, len(blocks), step):
+        values[i : i + step] = fmt.dequantize(blocks[i : i + step])
+      values = values.reshape((*rows, (b1 - b0) * fmt.block))
       return values[..., skip : skip + c1 - c0]
 
     return run
