@@ -260,3 +260,34 @@ def test_a_tensor_of_many_chunks_equals_gguf(name):
   src = prj.MemorySource({"w": raw})
   got = R.evaluate(R.dequantize(R.source("w"), name), src, (slice(None), slice(5, None)))
   np.testing.assert_array_equal(_bits(got), _bits(ref[:, 5:]))
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+def test_a_quantized_target_keeps_the_blocks_as_values_and_scales(name):
+  """A quantized model's leaves (values and one scale per block, [in, out] as flax kernels)
+  restore as stored, sharded, with no dequantization; values times scales is the dequantized
+  tensor, bit for bit."""
+  rng = np.random.default_rng(6)
+  raw, ref = _random_blocks(rng, name, 8, 4)  # [out=8, in=128]
+  src = prj.MemorySource({"w": raw})
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+  values_dtype = np.int8 if name == "Q8_0" else ml_dtypes.int4
+  target = {
+    "qvalue": jax.ShapeDtypeStruct(
+      (128, 8), values_dtype, sharding=NamedSharding(mesh, P("a", "b"))
+    ),
+    "scale": jax.ShapeDtypeStruct((4, 8), np.float16, sharding=NamedSharding(mesh, P(None, "b"))),
+  }
+  recipes = {
+    "qvalue": R.transpose(R.block_values(R.source("w"), name), (1, 0)),
+    "scale": R.transpose(R.block_scales(R.source("w"), name), (1, 0)),
+  }
+  out = prj.restore(target, src, recipes=recipes)
+  values = np.asarray(out["qvalue"]).astype(np.float32)
+  scales = np.repeat(np.asarray(out["scale"]).astype(np.float32), 32, axis=0)
+  if name == "Q8_0":
+    np.testing.assert_array_equal(_bits(values * scales), _bits(ref.T))
+  else:  # Q4_0 multiplies the scale first: d * (q - 8)
+    np.testing.assert_array_equal(_bits(scales * values), _bits(ref.T))
+  with pytest.raises(errors.UnknownQuantizationError, match=r"'Q4_K' blocks cannot be kept"):
+    R.block_values(R.source("w"), "Q4_K")

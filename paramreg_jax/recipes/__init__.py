@@ -4,6 +4,8 @@ from paramreg_jax._src import deprecation as _deprecation
 from paramreg_jax._src.recipes.inference import infer
 from paramreg_jax._src.recipes.inference import source_keys
 from paramreg_jax._src.recipes.ops import Recipe
+from paramreg_jax._src.recipes.ops import block_scales
+from paramreg_jax._src.recipes.ops import block_values
 from paramreg_jax._src.recipes.ops import cast
 from paramreg_jax._src.recipes.ops import concatenate
 from paramreg_jax._src.recipes.ops import dequantize
@@ -29,6 +31,8 @@ __all__ = (
   "Recipe",
   "RecipeSet",
   "Rename",
+  "block_scales",
+  "block_values",
   "cast",
   "concatenate",
   "dequantize",

@@ -88,7 +88,7 @@ def match(
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   if stored is not source:
-    facts = {**(stored.config or {}), **(config or {})}
+    facts = {**(getattr(stored, "config", None) or {}), **(config or {})}
     ordered = _read_stored(ordered, stored, facts, problems)
   ignored = [k for k in keys if k not in used]
   if not problems:

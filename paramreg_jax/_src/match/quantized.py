@@ -62,8 +62,9 @@ class ValuesView(source_lib.BaseSource):
     return repr(self.source)
 
 
-def rows_permutation(key: str, config: dict[str, Any]) -> tuple[int, ...] | str | None:
-  """The rows of ``key`` in Hugging Face's order (None: not permuted), or a problem."""
+def rows_permutation(key: str, config: dict[str, Any]) -> int | str | None:
+  """The head count whose rotary halves llama.cpp interleaved in ``key``'s rows (None: not
+  permuted), or a problem."""
   m = _QK.match(key)
   arch = config.get("gguf_architecture")
   if m is None or arch in NOT_PERMUTED:

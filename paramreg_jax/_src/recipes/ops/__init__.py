@@ -12,6 +12,9 @@ from paramreg_jax._src.recipes.ops.base import Read
 from paramreg_jax._src.recipes.ops.base import Recipe
 from paramreg_jax._src.recipes.ops.base import check_axis
 from paramreg_jax._src.recipes.ops.base import check_recipe
+from paramreg_jax._src.recipes.ops.block_part import BlockPart
+from paramreg_jax._src.recipes.ops.block_part import block_scales
+from paramreg_jax._src.recipes.ops.block_part import block_values
 from paramreg_jax._src.recipes.ops.cast import Cast
 from paramreg_jax._src.recipes.ops.cast import cast
 from paramreg_jax._src.recipes.ops.catalog import INVERSE_STEPS
@@ -44,6 +47,7 @@ from paramreg_jax._src.recipes.ops.view import view
 __all__ = (
   "INVERSE_STEPS",
   "OPS",
+  "BlockPart",
   "Cast",
   "Concatenate",
   "Dequantize",
@@ -61,6 +65,8 @@ __all__ = (
   "SubtractOne",
   "Transpose",
   "View",
+  "block_scales",
+  "block_values",
   "cast",
   "check_axis",
   "check_recipe",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from paramreg_jax._src.recipes.ops.base import InverseStep
 from paramreg_jax._src.recipes.ops.base import Recipe
+from paramreg_jax._src.recipes.ops.block_part import BlockPart
 from paramreg_jax._src.recipes.ops.cast import Cast
 from paramreg_jax._src.recipes.ops.concatenate import Concatenate
 from paramreg_jax._src.recipes.ops.dequantize import Dequantize
@@ -32,6 +33,7 @@ OPS: tuple[type[Recipe], ...] = (
   Dequantize,
   ScaleBlocks,
   Mxfp4,
+  BlockPart,
 )
 """Every op; a new one is added here once it has its file."""
 

@@ -14,7 +14,6 @@ from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.sources import selection as sel_lib
 
-
 # blocks are dequantized this many bytes at a time (each format's kernel makes a few temporaries
 # of the chunk's size)
 _CHUNK_BYTES = 1 << 16

@@ -18,10 +18,15 @@ QK_K = 256  # values per block of the k-quants
 
 @dataclasses.dataclass(frozen=True)
 class QuantFormat:
+  """A block format. ``split``, for the formats a quantized model can hold as they are (one
+  scale per block), gives ``(values [n, block] of values_dtype, scales [n, 1] float16)``."""
+
   name: str
   block: int
   nbytes: int
   dequantize: Callable[[np.ndarray], np.ndarray]
+  values_dtype: np.dtype | None = None
+  split: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def f16(column: np.ndarray) -> np.ndarray:

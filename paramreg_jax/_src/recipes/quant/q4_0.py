@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src.recipes.quant import base
@@ -14,4 +15,10 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
   return d * qs.astype(np.float32)
 
 
-FORMAT = base.QuantFormat("Q4_0", 32, 18, dequantize)
+def split(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The int4 values (``q - 8``) and the float16 scale of each block."""
+  qs = base.nibbles(blocks[:, 2:], blocks.shape[0], 16).astype(np.int8) - np.int8(8)
+  return qs.astype(ml_dtypes.int4), np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+
+
+FORMAT = base.QuantFormat("Q4_0", 32, 18, dequantize, np.dtype(ml_dtypes.int4), split)

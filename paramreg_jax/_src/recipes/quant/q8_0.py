@@ -13,4 +13,10 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
   return x * d
 
 
-FORMAT = base.QuantFormat("Q8_0", 32, 34, dequantize)
+def split(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The int8 values and the float16 scale of each block, as stored."""
+  values = np.ascontiguousarray(blocks[:, 2:]).view(np.int8)
+  return values, np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+
+
+FORMAT = base.QuantFormat("Q8_0", 32, 34, dequantize, np.dtype(np.int8), split)
