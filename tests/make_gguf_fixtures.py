@@ -167,8 +167,8 @@ def gpt_oss() -> None:
   from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
   rng = np.random.default_rng(2)
-  blocks = rng.integers(0, 256, (2, 64, 2, 16), dtype=np.uint8)  # 2 experts, [64, 64]
-  scales = rng.integers(118, 130, (2, 64, 2), dtype=np.uint8)
+  blocks = rng.integers(0, 256, (2, 96, 2, 16), dtype=np.uint8)  # 2 experts, [96, 64]
+  scales = rng.integers(118, 130, (2, 96, 2), dtype=np.uint8)
   ref = convert_moe_packed_tensors(torch.tensor(blocks), torch.tensor(scales), dtype=torch.float32)
   save_file(
     {

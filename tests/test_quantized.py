@@ -74,8 +74,10 @@ def test_every_box_of_a_dequantized_tensor_equals_gguf_bit_for_bit(name, data):
 @pytest.mark.parametrize(
   "spec", [P(), P("a"), P(None, "b"), P("a", "b"), P("b", "a")], ids=lambda s: str(tuple(s))
 )
-def test_a_restore_into_every_sharding_equals_gguf(name, spec):
-  """Rows over 4 devices, blocks over 2 (a box starts inside a block when it must)."""
+@pytest.mark.parametrize("whole_bytes", [0, 1 << 18], ids=["per-shard", "small-whole"])
+def test_a_restore_into_every_sharding_equals_gguf(name, spec, whole_bytes):
+  """Rows over 4 devices, blocks over 2 (a box starts inside a block when it must); each
+  shard built on its own, or the small tensor built whole and split."""
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
   rng = np.random.default_rng(7)
   block = gguf.GGML_QUANT_SIZES[T[name]][0]
@@ -85,13 +87,14 @@ def test_a_restore_into_every_sharding_equals_gguf(name, spec):
   if ref.shape[1] % 2 and "b" in tuple(spec):
     pytest.skip("the columns do not split evenly")
   target = {"w": jax.ShapeDtypeStruct(ref.shape, np.float32, sharding=sharding)}
-  out = prj.restore(target, src, recipes={"w": R.dequantize(R.source("w"), name)})
+  backend = prj.JaxBackend(whole_bytes=whole_bytes)
+  out = prj.restore(target, src, recipes={"w": R.dequantize(R.source("w"), name)}, backend=backend)
   assert out["w"].sharding == sharding
   np.testing.assert_array_equal(_bits(np.asarray(out["w"])), _bits(ref))
   # then transposed, as a flax kernel holds it
   target = {"k": jax.ShapeDtypeStruct(ref.shape[::-1], np.float32, sharding=sharding)}
   recipe = R.transpose(R.dequantize(R.source("w"), name), (1, 0))
-  out = prj.restore(target, src, recipes={"k": recipe})
+  out = prj.restore(target, src, recipes={"k": recipe}, backend=backend)
   np.testing.assert_array_equal(_bits(np.asarray(out["k"])), _bits(ref.T))
 
 

@@ -109,7 +109,7 @@ def test_gpt_oss_mxfp4_experts_restore_as_transformers_dequantizes_them():
   src = prj.SafetensorsSource(DATA / "gpt_oss_moe.safetensors")
   p = "model.layers.0.mlp.experts.down_proj"
   recipe = R.transpose(R.mxfp4(R.source(p + "_blocks"), R.source(p + "_scales")), (0, 2, 1))
-  target = {"down": jax.ShapeDtypeStruct((2, 64, 64), np.float32)}
+  target = {"down": jax.ShapeDtypeStruct((2, 64, 96), np.float32)}
   out = prj.restore(target, src, recipes={"down": recipe})
   want = np.load(DATA / "gpt_oss_reference.npz")["down_proj"]
   np.testing.assert_array_equal(np.asarray(out["down"]).view(np.uint32), want.view(np.uint32))
@@ -123,3 +123,33 @@ def test_a_wrong_format_for_a_gguf_tensor_binds_nothing():
     prj.restore(target, src, recipes={"w": R.dequantize(R.source(key), "Q4_K")})
   assert src.stats.reads == 0
   assert issubclass(errors.QuantizedLayoutError, errors.RecipeError)
+
+
+def test_match_reads_an_fp8_checkpoint_through_its_block_scales():
+  """The weight and its ``weight_scale_inv`` are one tensor to match; the block size comes
+  from the config (``quantization_config.weight_block_size``)."""
+  src = prj.SafetensorsSource(DATA / "fp8.safetensors")
+  target = {"layers_0": {"mlp": {"up": {"kernel": jax.ShapeDtypeStruct((260, 300), np.float32)}}}}
+  config = {"model_type": "deepseek_v3", "quantization_config": {"weight_block_size": [128, 128]}}
+  m = prj.match(target, src, config=config)
+  assert "scale_blocks(" in str(m) and "block=(128, 128)" in m.to_python()
+  out = prj.restore(target, src, recipes=m)
+  want = np.load(DATA / "fp8_reference.npy").T
+  np.testing.assert_array_equal(np.asarray(out["layers_0"]["mlp"]["up"]["kernel"]), want)
+  with pytest.raises(prj.MatchError, match=r"weight: .*weight_block_size"):  # no block size given
+    prj.match(target, src)
+
+
+def test_match_reads_gpt_oss_mxfp4_experts():
+  src = prj.SafetensorsSource(DATA / "gpt_oss_moe.safetensors")
+  target = {
+    "layers_0": {
+      "mlp": {"experts": {"down": {"kernel": jax.ShapeDtypeStruct((2, 64, 96), np.float32)}}}
+    }
+  }
+  m = prj.match(target, src, config={"model_type": "gpt_oss"})
+  assert "mxfp4(" in str(m)
+  out = prj.restore(target, src, recipes=m)
+  want = np.load(DATA / "gpt_oss_reference.npz")["down_proj"]
+  got = np.asarray(out["layers_0"]["mlp"]["experts"]["down"]["kernel"])
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -70,8 +70,10 @@ def match(
   """
   source_lib.check_source(source, "match")
   stored = source
-  if quantized.is_quantized(source):  # decided on values, read as blocks (match/quantized.py)
-    source = quantized.ValuesView(source)
+  forms, hidden = quantized.stored_forms(source, config)
+  if forms:  # decided on values, read as stored (match/quantized.py)
+    quantized.check_forms(forms, source)
+    source = quantized.ValuesView(source, forms, hidden)
   slots = _slots(target)
   if hints is not None and not isinstance(hints, Mapping):
     raise TypeError(
@@ -89,8 +91,11 @@ def match(
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   if stored is not source:
     facts = {**(getattr(stored, "config", None) or {}), **(config or {})}
-    ordered = _read_stored(ordered, stored, facts, problems)
+    ordered = _read_stored(ordered, source, facts, problems)
   ignored = [k for k in keys if k not in used]
+  if stored is not source:  # what the weights read is used; activation scales are not
+    reads = {k for p in ordered if p.recipe is not None for k in inference.source_keys(p.recipe)}
+    ignored += sorted(k for k in hidden if k not in reads)
   if not problems:
     problems += _unused_layers(ignored, ck)
   result = Match(ordered, ignored, stored, ck.facts.rows(), changed)
@@ -114,16 +119,17 @@ def match(
 
 
 def _read_stored(
-  ordered: list[Proposal], stored: Any, config: dict[str, Any], problems: list[str]
+  ordered: list[Proposal], view: Any, config: dict[str, Any], problems: list[str]
 ) -> list[Proposal]:
-  """The proposals made on a quantized source's values, reading its stored blocks."""
+  """The proposals made on a quantized source's values, reading what it stores."""
   out = []
   for p in ordered:
     if p.recipe is None:
       out.append(p)
       continue
     try:
-      out.append(dataclasses.replace(p, recipe=quantized.to_stored(p.recipe, stored, config)))
+      recipe = quantized.to_stored(p.recipe, view, config)
+      out.append(dataclasses.replace(p, recipe=recipe, keys=inference.source_keys(recipe)))
     except ValueError as e:
       problems.append(f"{p.target}: {e}")
   return out
