@@ -294,3 +294,18 @@ def test_a_quantized_target_keeps_the_blocks_as_values_and_scales(name):
     np.testing.assert_array_equal(_bits(scales * values), _bits(ref.T))
   with pytest.raises(errors.UnknownQuantizationError, match=r"'Q4_K' blocks cannot be kept"):
     R.block_values(R.source("w"), "Q4_K")
+
+
+def test_an_unknown_gguf_type_is_named_and_nothing_binds(tmp_path):
+  """A type the library cannot dequantize (IQ4_NL here) is read as its raw rows; asking for its
+  values is an error naming the tensor and the formats it knows."""
+  rng = np.random.default_rng(8)
+  _, nbytes = gguf.GGML_QUANT_SIZES[T.IQ4_NL]
+  raw = rng.integers(0, 256, (4, 2 * nbytes), dtype=np.uint8)
+  path = _write_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_up.weight": (raw, "IQ4_NL")})
+  src = prj.GGUFSource(path)
+  assert src.quantization("blk.0.ffn_up.weight") == "IQ4_NL"
+  target = {"layers_0": {"mlp": {"up": {"kernel": jax.ShapeDtypeStruct((64, 4), np.float32)}}}}
+  with pytest.raises(errors.UnknownQuantizationError, match=r"blk\.0\.ffn_up\.weight.*'IQ4_NL'"):
+    prj.match(target, src)
+  assert src.stats.reads == 0
