@@ -153,3 +153,13 @@ def test_match_reads_gpt_oss_mxfp4_experts():
   want = np.load(DATA / "gpt_oss_reference.npz")["down_proj"]
   got = np.asarray(out["layers_0"]["mlp"]["experts"]["down"]["kernel"])
   np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_values_view_reads_what_transformers_reads():
+  from paramreg_jax._src.match import quantized
+
+  src = prj.GGUFSource(DATA / "llama-q8_0.gguf")
+  view = quantized.ValuesView(src, *quantized.stored_forms(src))
+  ref = np.load(DATA / "llama-q8_0.npz")
+  assert view.metadata("blk.0.attn_q.weight").shape == (256, 256)
+  np.testing.assert_array_equal(view.lease("blk.0.attn_q.weight").read(), ref["q_proj_0"])

@@ -111,7 +111,7 @@ class ValuesView(source_lib.BaseSource):
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     from paramreg_jax._src.restore import evaluate
 
-    recipe = to_stored(ops.Source(key), self, {})
+    recipe = to_stored(ops.Source(key), self, dict(self.config or {}))
     return evaluate.evaluate(recipe, self.source, sel_lib.region_slices(region))
 
   @property
