@@ -53,6 +53,7 @@ from paramreg_jax._src.errors import SourceIOError
 from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
+from paramreg_jax._src.errors import UnknownPartError
 from paramreg_jax._src.errors import UnknownQuantizationError
 from paramreg_jax._src.errors import UnknownSourceKeyError
 from paramreg_jax._src.errors import UnknownTensorError
@@ -102,6 +103,7 @@ __all__ = (
   "StateMismatchError",
   "StoreError",
   "UnknownKeyPrefixError",
+  "UnknownPartError",
   "UnknownQuantizationError",
   "UnknownSourceKeyError",
   "UnknownTensorError",

@@ -202,6 +202,13 @@ class RecipeSetError(RecipeError):
   """A ``RecipeSet``, ``fused_split`` or ``rename`` declaration is invalid."""
 
 
+class UnknownPartError(RecipeSetError, KeyError):
+  """A fused split has no part of that name (the message suggests the closest)."""
+
+  def __str__(self) -> str:  # KeyError would show the message quoted
+    return str(self.args[0]) if self.args else ""
+
+
 class AliasError(RecipeSetError):
   """An alias declaration is invalid (empty, unknown destination, collision, cycle)."""
 
@@ -281,8 +288,12 @@ def bullet_list(lines: Iterable[str]) -> str:
 
 
 def closest_keys(key: str, known: Iterable[str], n: int = 3) -> list[str]:
-  """The known keys a typo of ``key`` most likely meant (closest spelling first)."""
-  return difflib.get_close_matches(key, list(known), n=n, cutoff=0.75)
+  """The known keys a typo of ``key`` most likely meant (the same letters in another case
+  first, then the closest spelling)."""
+  known = list(known)
+  same = [k for k in known if k.lower() == key.lower() and k != key]
+  close = difflib.get_close_matches(key, known, n=n, cutoff=0.75)
+  return list(dict.fromkeys(same + close))[:n]
 
 
 def did_you_mean(key: str, known: Iterable[str]) -> str:

@@ -37,7 +37,13 @@ class FusedSplit(Mapping[str, ops.Recipe]):
     self.total = start
 
   def __getitem__(self, target: str) -> ops.Recipe:
-    return self._recipes[target]
+    recipe = self._recipes.get(target)
+    if recipe is None:
+      raise errors.UnknownPartError(
+        f"{self!r} has no part {target!r} (its parts: {', '.join(map(repr, self._recipes))})"
+        + errors.did_you_mean(str(target), self._recipes)
+      )
+    return recipe
 
   def __iter__(self) -> Iterator[str]:
     return iter(self._recipes)

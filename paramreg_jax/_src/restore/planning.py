@@ -209,6 +209,7 @@ def _resolve_names(p: _Planning, rename: Any) -> tuple[dict[str, str], list[str]
   """Phase 1: checkpoint key -> target name (``renamed``), and keys renamed to ``None``."""
   if rename is None:
     return {k: k for k in p.source_keys}, []
+  _swapped_rename(p, rename)
   rules = rename if isinstance(rename, sets.Rename) else sets.rename(rename)
   # keys that recipes read need no rename rule
   loaded = [k for k in p.source_keys if not p.excluded(k) and k not in p.by_recipes | p.meant]
@@ -220,11 +221,38 @@ def _resolve_names(p: _Planning, rename: Any) -> tuple[dict[str, str], list[str]
   return renamed, [k for k in loaded if rules(k) is None]
 
 
+def _swapped_rename(p: _Planning, rename: Any) -> None:
+  """A problem for exact ``rename`` entries that run target -> checkpoint (the direction of
+  ``match``'s hints) instead of checkpoint -> target, with the swapped dict to paste."""
+  if not isinstance(rename, Mapping):
+    return
+  keys = set(p.source_keys)
+  swapped = {
+    k: v
+    for k, v in rename.items()
+    if isinstance(k, str)
+    and isinstance(v, str)
+    and k not in keys
+    and v in keys
+    and _strip(k) in p.by_name
+  }
+  if swapped:
+    fixed = {v: k for k, v in swapped.items()}
+    p.problems.append(
+      f"rename maps checkpoint keys to target names, and {len(swapped)} entr"
+      f"{'y runs' if len(swapped) == 1 else 'ies run'} the other way (target -> checkpoint, "
+      f"as match's hints do): swapped? Pass rename={fixed!r}"
+    )
+
+
 def _check_declarations(p: _Planning, splits: list[sets.FusedSplit]) -> None:
   """Phase 2: recipes and aliases name real target parameters; fused splits fit the source."""
   for name in list(p.recipes) + list(p.aliases):
     if name not in p.by_name:
-      p.problems.append(f"n:{name}: has a recipe or alias, but the target has no such parameter")
+      p.problems.append(
+        f"n:{name}: has a recipe or alias, but the target has no such parameter"
+        + errors.did_you_mean(name, p.by_name)
+      )
   for split in splits:
     try:
       split.check(p.source)

@@ -1,0 +1,50 @@
+"""Messages that name the mistake and a fix that works when pasted."""
+
+import ast
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+
+
+def test_a_swapped_rename_is_named_and_the_pasted_fix_restores():
+  src = prj.MemorySource({"enc.w": np.ones((2, 2), np.float32), "enc.b": np.zeros(2, np.float32)})
+  target = {
+    "encoder": {
+      "kernel": jax.ShapeDtypeStruct((2, 2), np.float32),
+      "bias": jax.ShapeDtypeStruct((2,), np.float32),
+    }
+  }
+  with pytest.raises(prj.RestorePlanError) as e:
+    prj.plan_restore(target, src, rename={"encoder/kernel": "enc.w", "encoder/bias": "enc.b"})
+  first = e.value.problems[0]
+  assert "swapped?" in first and "2 entries run the other way" in first
+  fix = ast.literal_eval(re.search(r"Pass rename=(\{.*\})$", first).group(1))
+  out = prj.restore(target, src, rename=fix)
+  np.testing.assert_array_equal(np.asarray(out["encoder"]["kernel"]), np.ones((2, 2)))
+
+
+def test_a_rename_in_the_right_direction_is_not_called_swapped():
+  src = prj.MemorySource({"enc.w": np.ones((2, 2), np.float32)})
+  target = {"encoder": {"kernel": jax.ShapeDtypeStruct((2, 2), np.float32)}}
+  with pytest.raises(prj.RestorePlanError) as e:  # a typo, not a swap
+    prj.plan_restore(target, src, rename={"enc.w": "encoder/kernl"})
+  assert not any("swapped" in p for p in e.value.problems)
+
+
+def test_a_wrong_fused_part_name_is_a_library_error_with_did_you_mean():
+  split = prj.recipes.fused_split("qkv", 0, {"q": 4, "k": 2, "v": 2})
+  with pytest.raises(prj.errors.UnknownPartError, match=r"no part 'Q'.*did you mean 'q'\?"):
+    split["Q"]
+  with pytest.raises(KeyError):  # still a KeyError, as a mapping's missing key is
+    split["x"]
+
+
+def test_a_recipe_for_a_misspelt_target_says_did_you_mean():
+  src = prj.MemorySource({"w": np.ones((2, 2), np.float32)})
+  target = {"dense": {"kernel": jax.ShapeDtypeStruct((2, 2), np.float32)}}
+  with pytest.raises(prj.RestorePlanError, match=r"n:dense/kernl: .*did you mean 'dense/kernel'"):
+    prj.plan_restore(target, src, recipes={"dense/kernl": prj.recipes.source("w")})
