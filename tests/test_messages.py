@@ -48,3 +48,33 @@ def test_a_recipe_for_a_misspelt_target_says_did_you_mean():
   target = {"dense": {"kernel": jax.ShapeDtypeStruct((2, 2), np.float32)}}
   with pytest.raises(prj.RestorePlanError, match=r"n:dense/kernl: .*did you mean 'dense/kernel'"):
     prj.plan_restore(target, src, recipes={"dense/kernl": prj.recipes.source("w")})
+
+
+def test_reconcile_after_inserting_a_layer_suggests_the_rename_that_keeps_the_moments():
+  import jax.numpy as jnp
+  import optax
+
+  params = {
+    "layers": [{"kernel": jnp.ones((16, 16))}, {"kernel": jnp.arange(512.0).reshape(16, 32)}]
+  }
+  tx = prj.keyed(optax.adam(1e-2))
+  state = tx.init(params)
+  _, state = tx.update(jax.tree.map(jnp.sin, params), state, params)
+  saved_mu = np.asarray(state[0].mu["layers"][1]["kernel"]).copy()
+  new = {
+    "layers": [
+      {"kernel": jnp.ones((16, 16))},
+      {"kernel": jnp.ones((16, 24))},  # inserted
+      {"kernel": jnp.arange(512.0).reshape(16, 32)},
+    ]
+  }
+  with pytest.raises(prj.ReconcileError) as e:
+    prj.reconcile(tx, state, new)
+  text = str(e.value)
+  assert text.index("rename=") < text.index("on_shape_mismatch='overlap'")  # rename first
+  fix = ast.literal_eval(re.search(r"rename=(\{[^}]*\})", text).group(1))
+  assert fix == {"n:layers/1/kernel": "n:layers/2/kernel"}
+  fixed, report = prj.reconcile(tx, state, new, rename=fix)
+  np.testing.assert_array_equal(np.asarray(fixed[0].mu["layers"][2]["kernel"]), saved_mu)
+  assert not np.asarray(fixed[0].mu["layers"][1]["kernel"]).any()  # the new layer starts fresh
+  assert "n:layers/1/kernel" in str(report)

@@ -142,6 +142,7 @@ class _Diff:
   dropped: list[str]
   kept: set[str]
   mismatched: dict[str, list[str]]  # key -> one line per state leaf that changed
+  moves: dict[str, str]  # mismatched key -> the new key its old state fits (a moved layer)
   moved: set[str]  # keys whose state exists, but not in every place the new optimizer needs
   needs_init: set[Path]  # leaves of the new state that tx.init must provide
   optimizer_problems: list[str]  # non-parameter state that does not match
@@ -189,12 +190,14 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
   mismatched: dict[str, list[str]] = {}
   needs_init: set[Path] = set()
   moved: set[str] = set()
+  shapes: dict[str, tuple[Any, Any]] = {}  # key -> (its old state's spec, the new one's)
   for comps, sds in layout.leaves:
     want = (tuple(sds.shape), sds.dtype)
     owner = layout.owners[comps]
     if owner is not None:
       prefix, key = owner
       have = old.owners.get(owner)
+      shapes.setdefault(key, (None if have is None else spec(have), want))
       if have is None:
         needs_init.add(comps)
         if key in had_state and not new_state_ok:  # else: a wrapper's own (MultiSteps' acc_grads)
@@ -233,12 +236,31 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
     dropped=sorted((had_state - new_keys) | set(old.overwritten)),
     kept=new_keys & old_keys,
     mismatched=mismatched,
+    moves=_moves(mismatched, shapes, old_keys),
     moved=moved,
     needs_init=needs_init,
     optimizer_problems=problems,
     optimizer_changed=_optimizer_change(layout, old),
     shifted=_shifted(new_keys & old_keys, had_state, new_keys, old.renamed),
   )
+
+
+def _moves(
+  mismatched: dict[str, Any], shapes: dict[str, tuple[Any, Any]], old_keys: set[str]
+) -> dict[str, str]:
+  """For each reshaped key, the one other new key its old state fits (a layer inserted,
+  reordered or renamed), when there is exactly one: the rename that keeps its moments."""
+  out = {}
+  for key in sorted(mismatched):
+    have = shapes[key][0]
+    fits = [
+      k
+      for k, (had, want) in shapes.items()
+      if k != key and want == have and (k not in old_keys or k in mismatched)
+    ]
+    if len(fits) == 1:
+      out[key] = fits[0]
+  return out
 
 
 def _optimizer_change(layout: Layout, old: OldState) -> str:
@@ -304,6 +326,12 @@ def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch:
     )
   if on_unexpected == "error" and diff.optimizer_changed:
     problems.append(f"{diff.optimizer_changed} (on_unexpected='error')")
+  if isinstance(on_shape_mismatch, str) and on_shape_mismatch == "error" and diff.moves:
+    problems.append(
+      "the old state of a reshaped parameter fits another new parameter: if parameters moved "
+      "(a layer inserted, reordered or renamed), pass "
+      f"rename={diff.moves!r} so the state follows its weight"
+    )
   if isinstance(on_shape_mismatch, str) and on_shape_mismatch == "error" and diff.mismatched:
     problems.append(
       f"{len(diff.mismatched)} parameter(s) changed shape or dtype; pass "
