@@ -101,10 +101,15 @@ def chapter_keys(params: Any) -> None:
 
   say(
     "2. Positional identity is checked, never silently reset",
-    "Restoring p:0.. keys and presenting the leaves in another order:",
+    "A tree without stable names is keyed by flatten position instead (by='position'):",
   )
   positional, _ = assign.assign_keys(ParamRegistry(), params, by="position")
   saved = {k: positional.shape(ParamId(i)) for i, k in enumerate(positional.keys())}
+  print("   " + ", ".join(f"{k} {shape}" for k, shape in list(saved.items())[:3]) + ", ...")
+  print(
+    "   A resumed run that presents the same leaves in another order is refused before any id\n"
+    "   is assigned (the error below is the point: positional keys never silently re-pair):"
+  )
   try:
     assign.assign_ids(
       ParamRegistry.from_keys(saved),
