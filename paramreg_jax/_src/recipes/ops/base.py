@@ -284,6 +284,32 @@ def selection_code(sel: Any) -> str | None:
   return None
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockSpan:
+  """The blocks of ``per`` values that cover a box's last axis: ``lead`` (the box's other
+  axes), blocks ``first:last``, and the values to ``skip`` in the first block."""
+
+  lead: tuple[tuple[int, int], ...]
+  first: int
+  last: int
+  skip: int
+  width: int  # the box's values along the last axis
+
+  @classmethod
+  def of(cls, region: sel_lib.Region, per: int) -> BlockSpan:
+    *lead, (c0, c1) = region
+    first, last = c0 // per, -(-c1 // per)
+    return cls(tuple(lead), first, last, c0 - first * per, c1 - c0)
+
+  @property
+  def rows(self) -> tuple[int, ...]:
+    return tuple(b - a for a, b in self.lead)
+
+  def trim(self, values: np.ndarray) -> np.ndarray:
+    """The box's values out of the covering blocks' (along the last axis)."""
+    return values[..., self.skip : self.skip + self.width]
+
+
 def selected(
   compile_region: Callable[[sel_lib.Region], Run],
   selection: sel_lib.Selection,

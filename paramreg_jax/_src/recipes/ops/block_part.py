@@ -50,17 +50,14 @@ class BlockPart(base.Unary):
 
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
     fmt = _splittable(self.format, self)
-    *lead, (c0, c1) = region
-    per = fmt.block if self.part == "values" else 1
-    b0, b1 = c0 // per, -(-c1 // per)
-    raw = build.child(self.input, (*lead, (b0 * fmt.nbytes, b1 * fmt.nbytes)))
-    rows = tuple(b - a for a, b in lead)
-    skip, which = c0 - b0 * per, 0 if self.part == "values" else 1
+    span = base.BlockSpan.of(region, fmt.block if self.part == "values" else 1)
+    bytes_ = (span.first * fmt.nbytes, span.last * fmt.nbytes)
+    raw = build.child(self.input, (*span.lead, bytes_))
+    which = 0 if self.part == "values" else 1
 
     def run(fetch: base.Fetch) -> np.ndarray:
       blocks = np.ascontiguousarray(raw(fetch)).reshape((-1, fmt.nbytes))
-      part = fmt.split(blocks)[which].reshape((*rows, (b1 - b0) * per))
-      return part[..., skip : skip + c1 - c0]
+      return span.trim(fmt.split(blocks)[which].reshape((*span.rows, -1)))
 
     return run
 

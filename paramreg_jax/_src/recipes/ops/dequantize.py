@@ -45,11 +45,9 @@ class Dequantize(base.Unary):
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
     """The bytes of the blocks that cover the box's columns, dequantized, then trimmed."""
     fmt = _format(self.format, self)
-    *lead, (c0, c1) = region
-    b0, b1 = c0 // fmt.block, -(-c1 // fmt.block)
-    raw = build.child(self.input, (*lead, (b0 * fmt.nbytes, b1 * fmt.nbytes)))
-    rows = tuple(b - a for a, b in lead)
-    skip = c0 - b0 * fmt.block
+    span = base.BlockSpan.of(region, fmt.block)
+    bytes_ = (span.first * fmt.nbytes, span.last * fmt.nbytes)
+    raw = build.child(self.input, (*span.lead, bytes_))
 
     def run(fetch: base.Fetch) -> np.ndarray:
       blocks = np.ascontiguousarray(raw(fetch)).reshape((-1, fmt.nbytes))
@@ -57,8 +55,7 @@ class Dequantize(base.Unary):
       step = max(1, _CHUNK_BYTES // fmt.nbytes)  # the kernels' temporaries stay small
       for i in range(0, len(blocks), step):
         values[i : i + step] = fmt.dequantize(blocks[i : i + step])
-      values = values.reshape((*rows, (b1 - b0) * fmt.block))
-      return values[..., skip : skip + c1 - c0]
+      return span.trim(values.reshape((*span.rows, -1)))
 
     return run
 

@@ -40,16 +40,14 @@ class Mxfp4(base.Recipe):
 
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
     """The groups that cover the box's columns, dequantized, then trimmed."""
-    *lead, (c0, c1) = region
-    g0, g1 = c0 // 32, -(-c1 // 32)
-    blocks = build.child(self.blocks, (*lead, (g0, g1), (0, 16)))
-    scales = build.child(self.scales, (*lead, (g0, g1)))
-    skip = c0 - g0 * 32
+    span = base.BlockSpan.of(region, 32)
+    groups = (span.first, span.last)
+    blocks = build.child(self.blocks, (*span.lead, groups, (0, 16)))
+    scales = build.child(self.scales, (*span.lead, groups))
 
     def run(fetch: base.Fetch) -> np.ndarray:
       exps = np.ascontiguousarray(scales(fetch)).view(np.uint8)
-      values = mxfp4_format.dequantize_split(blocks(fetch), exps)
-      return values[..., skip : skip + c1 - c0]
+      return span.trim(mxfp4_format.dequantize_split(blocks(fetch), exps))
 
     return run
 
