@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 from typing import Protocol
+from typing import Self
 from typing import runtime_checkable
 
 import numpy as np
@@ -258,6 +259,15 @@ class BaseSource:
     concurrently). The default does nothing."""
     del keys
 
+  def close(self) -> None:
+    """Releases what the source holds open (files, connections); nothing, by default."""
+
+  def __enter__(self) -> Self:
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """The smallest box the storage serves that holds ``box`` (chunk- or row-aligned).
 
@@ -428,3 +438,9 @@ class CheckpointLease:
     return sel_lib.read_selected(
       lambda r: self.source.read_region(self.key, r), self.selection, region, self.dtype
     )
+
+
+def whole_rows(box: sel_lib.Region, shape: tuple[int, ...]) -> sel_lib.Region:
+  """``box`` widened to whole rows (leading-axis slices): a row-major tensor in a file costs a
+  column block the rows it crosses, and those rows serve every column block at once."""
+  return box[:1] + tuple((0, d) for d in shape[1:]) if box else box

@@ -126,8 +126,7 @@ class GGUFSource(source_lib.BaseSource):
 
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """``box`` widened to whole rows: a row of blocks is contiguous in the file."""
-    shape = self.metadata(key).shape
-    return box[:1] + tuple((0, d) for d in shape[1:]) if box else box
+    return source_lib.whole_rows(box, self.metadata(key).shape)
 
   @property
   def gguf_metadata(self) -> dict[str, Any]:
@@ -154,12 +153,6 @@ class GGUFSource(source_lib.BaseSource):
   def close(self) -> None:
     """Closes the file (it stays open from validation to the last read)."""
     self._file.close()
-
-  def __enter__(self) -> GGUFSource:
-    return self
-
-  def __exit__(self, *exc: Any) -> None:
-    self.close()
 
   def __repr__(self) -> str:
     return f"GGUFSource({str(self.path)!r}, {len(self._entries)} tensors)"

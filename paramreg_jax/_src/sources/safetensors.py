@@ -328,17 +328,10 @@ class SafetensorsSource(source_lib.BaseSource):
     if executor is not None:  # the threads that read a URL's ranges
       executor.shutdown(wait=False)
 
-  def __enter__(self) -> SafetensorsSource:
-    return self
-
-  def __exit__(self, *exc: Any) -> None:
-    self.close()
-
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """``box`` widened to whole rows (leading-axis slices): a tensor is row-major in its file,
     so a column block costs the rows it crosses, and they serve every column block at once."""
-    shape = self.metadata(key).shape
-    return box[:1] + tuple((0, d) for d in shape[1:]) if box else box
+    return source_lib.whole_rows(box, self.metadata(key).shape)
 
   def shard_of(self, key: str) -> Any:
     """The file that holds ``key``."""
