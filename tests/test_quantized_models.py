@@ -163,3 +163,15 @@ def test_the_values_view_reads_what_transformers_reads():
   ref = np.load(DATA / "llama-q8_0.npz")
   assert view.metadata("blk.0.attn_q.weight").shape == (256, 256)
   np.testing.assert_array_equal(view.lease("blk.0.attn_q.weight").read(), ref["q_proj_0"])
+
+
+def test_tensors_merely_named_blocks_and_scales_are_not_taken_for_mxfp4():
+  from paramreg_jax._src.match import quantized
+
+  plain = prj.MemorySource(
+    {"conv_blocks": np.ones((4, 3), np.float32), "conv_scales": np.ones(4, np.float32)}
+  )
+  assert quantized.stored_forms(plain) == ({}, set())
+  packed = prj.SafetensorsSource(DATA / "gpt_oss_moe.safetensors")
+  forms, hidden = quantized.stored_forms(packed)
+  assert list(forms) == ["model.layers.0.mlp.experts.down_proj"] and len(hidden) == 2

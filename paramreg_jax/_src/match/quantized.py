@@ -51,13 +51,26 @@ def stored_forms(source: Any, config: Any = None) -> tuple[dict[str, ops.Recipe]
       if scale is not None:
         forms[k] = ops.scale_blocks(ops.Source(k), ops.Source(scale), block)
         hidden.add(scale)
-    if k.endswith("_blocks") and k[: -len("_blocks")] + "_scales" in have:
-      name = k[: -len("_blocks")]
+    name = k.removesuffix("_blocks")
+    if name != k and name + "_scales" in have and _mxfp4_pair(source, k, name + "_scales"):
       forms[name] = ops.mxfp4(ops.Source(k), ops.Source(name + "_scales"))
       hidden |= {k, name + "_scales"}
   if forms:
     hidden |= {k for k in keys if _ACTIVATION_SCALES.search(k)}
   return forms, hidden
+
+
+def _mxfp4_pair(source: Any, blocks: str, scales: str) -> bool:
+  """Whether ``blocks`` and ``scales`` are gpt-oss MXFP4: uint8 ``[..., G, 16]`` and one byte
+  per group (other tensors that happen to be named so are left as they are)."""
+  b, s = source_lib.metadata_of(source, blocks), source_lib.metadata_of(source, scales)
+  return (
+    b.dtype == np.uint8
+    and len(b.shape) >= 2
+    and b.shape[-1] == 16
+    and s.dtype.itemsize == 1
+    and tuple(s.shape) == tuple(b.shape[:-1])
+  )
 
 
 def check_forms(forms: dict[str, ops.Recipe], source: Any) -> None:
