@@ -31,7 +31,7 @@ from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
 
-_PLAIN = {
+_PLAIN: dict[str, np.dtype] = {
   "F32": np.dtype(np.float32),
   "F16": np.dtype(np.float16),
   "F64": np.dtype(np.float64),
