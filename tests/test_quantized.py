@@ -309,3 +309,17 @@ def test_an_unknown_gguf_type_is_named_and_nothing_binds(tmp_path):
   with pytest.raises(errors.UnknownQuantizationError, match=r"blk\.0\.ffn_up\.weight.*'IQ4_NL'"):
     prj.match(target, src)
   assert src.stats.reads == 0
+
+
+def test_gguf_metadata_leaves_the_token_lists_unread(tmp_path):
+  w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+  w.add_block_count(2)
+  w.add_token_list([f"tok{i}" for i in range(1000)])
+  w.add_tensor("output_norm.weight", np.ones(4, np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  meta = prj.GGUFSource(tmp_path / "t.gguf").gguf_metadata
+  assert meta["general.architecture"] == "llama" and meta["llama.block_count"] == 2
+  assert not any(k.startswith(("tokenizer.ggml.", "GGUF.")) for k in meta)

@@ -108,7 +108,6 @@ class ValuesView(source_lib.BaseSource):
     super().__init__()
     self.source = source
     self.forms = forms
-    self.hidden = set(hidden)
     shown = [k for k in source.keys() if k not in hidden and k not in forms]
     self._keys = tuple(sorted({*shown, *forms}))
 

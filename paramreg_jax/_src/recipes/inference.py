@@ -55,13 +55,14 @@ def infer(recipe: base.Recipe, src: Any, *, memo: Metas | None = None) -> base.M
   recipe = base.check_recipe(recipe, "recipe")
   every = memo is not None
   memo = {} if memo is None else memo
-  meta = _infer(recipe, src, memo, _cache(src))
+  cache = _cache(src)
+  meta = _infer(recipe, src, memo, cache)
   if every:  # nodes below a cached node are not in the memo yet
     stack: list[base.Recipe] = [recipe]
     while stack:
       node = stack.pop()
       if id(node) not in memo:
-        _infer(node, src, memo, _cache(src))
+        _infer(node, src, memo, cache)
       stack.extend(node.children())
   return meta
 

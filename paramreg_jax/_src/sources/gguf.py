@@ -175,10 +175,11 @@ def _parse(path: pathlib.Path, size: int) -> tuple[dict[str, Any], dict[str, Any
   entries = {}
   for tensor in reader.tensors:
     entries[tensor.name] = _entry(path, size, tensor, gguf)
-  fields = {
-    name: _value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")
+  fields = {  # token lists are left unread: a vocabulary of 128k strings is not config
+    name: _value(field)
+    for name, field in reader.fields.items()
+    if not name.startswith(("GGUF.", "tokenizer.ggml."))
   }
-  fields = {k: v for k, v in fields.items() if not k.startswith("tokenizer.ggml.")}
   del reader  # its memory map: reads go through the open file
   return entries, fields
 
@@ -210,8 +211,8 @@ def _entry(path: pathlib.Path, size: int, tensor: Any, gguf: Any) -> tuple[Any, 
 
 
 def _value(field: Any) -> Any:
+  """A metadata field's value, or None where it cannot be decoded."""
   try:
-    value = field.contents()
+    return field.contents()
   except (ValueError, UnicodeDecodeError, IndexError):
     return None
-  return value
