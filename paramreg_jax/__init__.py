@@ -7,6 +7,7 @@ state, checkpoint entries, recipes, reports and errors all use it.
 from paramreg_jax import errors as errors
 from paramreg_jax import recipes as recipes
 from paramreg_jax import sources as sources
+from paramreg_jax import typing as typing
 from paramreg_jax._src import deprecation as _deprecation
 from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
@@ -44,6 +45,8 @@ from paramreg_jax._src.registry.keys import path_to_name
 from paramreg_jax._src.registry.registry import ParamRegistry
 from paramreg_jax._src.restore.backend import JaxBackend
 from paramreg_jax._src.restore.bind import bind
+from paramreg_jax._src.restore.contract import Materialization
+from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.restore.contract import ParameterBackend
 from paramreg_jax._src.restore.materialize import MaterializedUnit
 from paramreg_jax._src.restore.materialize import materialize
@@ -94,6 +97,8 @@ __all__ = (
   "JaxBackend",
   "Match",
   "MatchError",
+  "Materialization",
+  "MaterializationContext",
   "MaterializationError",
   "MaterializedUnit",
   "MemorySource",

@@ -16,12 +16,13 @@ import paramreg_jax
 import paramreg_jax.errors
 import paramreg_jax.recipes
 import paramreg_jax.sources
+import paramreg_jax.typing
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 PAGES = sorted(
   p for p in DOCS.rglob("*.md") if "_build" not in p.parts and "_autosummary" not in p.parts
 )
-CODE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+CODE = re.compile(r"^```(?:python|\{code-cell\} ipython3)\n(.*?)^```", re.S | re.M)
 
 
 @pytest.fixture(scope="session")
@@ -68,23 +69,73 @@ def test_the_docs_build_with_warnings_as_errors(tmp_path):
   assert "resumed, loss" in notebook  # rendered with the outputs of its run
   keyed = re.sub(r"<[^>]+>", "", (out / "_autosummary" / "paramreg_jax.keyed.html").read_text())
   assert "Examples" in keyed and "sorted(state_keys(state, params))" in keyed  # the docstring's
+  _check_the_site(out)
+
+
+def _article(path: pathlib.Path) -> str:
+  """The page's own content (without the navigation every page repeats)."""
+  text = path.read_text()
+  start = text.find("<article")
+  return text[start : text.find("</article>")] if start >= 0 else ""  # search.html has none
+
+
+def _check_the_site(out: pathlib.Path) -> None:
+  """Guides link into the API reference and to jax/flax/optax/orbax; how-tos show executed
+  output; API pages name no private module and list the guides that use them."""
+  guides = [out / "getting_started.html", *(out / "concepts").glob("*.html")]
+  howtos = sorted((out / "howto").glob("*.html"))
+  for page in guides + howtos:
+    assert re.search(r'href="[^"]*(_autosummary|api/)[^"]*"', _article(page)), page.name
+  outside = [
+    p
+    for p in out.rglob("*.html")
+    if "_modules" not in p.parts
+    and re.search(r'href="https://(docs\.jax\.dev|flax|optax|orbax)[^"]*"', _article(p))
+  ]
+  assert len(outside) >= 5, outside
+  for page in howtos:
+    assert 'class="cell_output' in _article(page), f"{page.name} shows no executed output"
+  for page in [*(out / "_autosummary").glob("*.html"), *(out / "api").glob("*.html")]:
+    text = re.sub(r"<[^>]+>", "", _article(page))
+    assert not re.search(r"_src\.|\b\w+_lib\.|api_types\.", text), page.name
+    assert "str(object=" not in text, page.name  # a constant showing str's own docstring
+  keys = re.sub(r"<[^>]+>", "", _article(out / "api" / "keys.html"))
+  assert "The prefix of a named key" in keys
+  restore = _article(out / "_autosummary" / "paramreg_jax.restore.html")
+  assert "Used in" in restore and "hf_to_nnx.html" in restore
 
 
 def _documented():
-  """``{module: names}`` listed by the API reference's autosummary blocks."""
+  """``{module: names}`` the API reference documents: autosummary entries (each gets a page),
+  ``autoexception``/``autoclass`` entries and ``py:data`` entries (with their ``:module:``)."""
   documented: dict[str, set[str]] = {}
-  module = None
-  for line in (DOCS / "api.md").read_text().splitlines():
-    if m := re.match(r"\.\. currentmodule:: (\S+)", line.strip()):
-      module = m.group(1)
-    elif module and re.fullmatch(r"   [A-Za-z_][A-Za-z0-9_]*", line):
-      documented.setdefault(module, set()).add(line.strip())
+  for page in sorted((DOCS / "api").glob("*.md")):
+    module, data = None, None
+    for line in page.read_text().splitlines():
+      if m := re.match(r"\.\. currentmodule:: (\S+)", line.strip()):
+        module = m.group(1)
+      elif module and re.fullmatch(r"   [A-Za-z_][A-Za-z0-9_]*", line):
+        documented.setdefault(module, set()).add(line.strip())
+      elif m := re.match(r"\.\. auto(?:exception|class):: (\S+)", line.strip()):
+        full = m.group(1) if "." in m.group(1) else f"{module}.{m.group(1)}"
+        documented.setdefault(full.rsplit(".", 1)[0], set()).add(full.rsplit(".", 1)[1])
+      elif m := re.match(r"\.\. py:data:: (\S+)", line.strip()):
+        data = m.group(1)
+      elif data and (m := re.match(r":module: (\S+)", line.strip())):
+        documented.setdefault(m.group(1), set()).add(data)
+        data = None
   return documented
 
 
 @pytest.mark.parametrize(
   "module",
-  [paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources, paramreg_jax.errors],
+  [
+    paramreg_jax,
+    paramreg_jax.recipes,
+    paramreg_jax.sources,
+    paramreg_jax.errors,
+    paramreg_jax.typing,
+  ],
   ids=lambda m: m.__name__,
 )
 def test_every_public_name_has_an_api_page(module):
@@ -100,12 +151,12 @@ def test_every_public_name_has_an_api_page(module):
     obj = getattr(module, name)
     if name in documented.get(module.__name__, set()):
       continue
-    if isinstance(obj, str) or id(obj) not in pages:  # re-exports are documented once
+    if isinstance(obj, str) or module is paramreg_jax.typing or id(obj) not in pages:
       missing.append(name)
-  assert not missing, f"add these to docs/api.md: {missing}"
+  assert not missing, f"add these to a page in docs/api/: {missing}"
   for m, names in documented.items():
     for n in names:
-      assert n in sys.modules[m].__all__, f"docs/api.md lists {m}.{n}, which is not public"
+      assert n in sys.modules[m].__all__, f"docs/api/ lists {m}.{n}, which is not public"
 
 
 def test_every_public_function_and_class_page_has_a_runnable_example():
@@ -114,6 +165,8 @@ def test_every_public_function_and_class_page_has_a_runnable_example():
       obj = getattr(sys.modules[m], n)
       if isinstance(obj, str) or (inspect.isclass(obj) and issubclass(obj, BaseException)):
         continue
+      if not getattr(obj, "__module__", "").startswith("paramreg_jax"):
+        continue  # an alias (``Any``, a string): its entry is written on the page
       assert ">>>" in (inspect.getdoc(obj) or ""), f"{m}.{n} has no runnable example"
 
 
@@ -122,5 +175,63 @@ def test_every_public_function_and_class_page_has_a_runnable_example():
 )
 def test_page_code_runs_with_only_runtime_dependencies(page, view, tmp_path):
   """A page's ```python blocks run in order in one interpreter, like a notebook."""
-  code = "\n".join(CODE.findall(page.read_text()))
+  cells = [re.sub(r"\A(?::\w+:.*\n)+\n?", "", c) for c in CODE.findall(page.read_text())]
+  code = "\n".join(cells)  # a cell's leading ":tags: [...]" options are not Python
   run_as_user(code, view=view, cwd=tmp_path, name=f"docs/{page.relative_to(DOCS)}")
+
+
+def _section(doc: str, title: str) -> str:
+  """The body of a Google-style docstring section (``Args:``), or ``""``."""
+  m = re.search(rf"^{title}:\n((?:[ \t]+.*\n|\n)*)", doc + "\n", re.M)
+  return m.group(1) if m else ""
+
+
+def _public_callables():
+  for module in (paramreg_jax, paramreg_jax.recipes, paramreg_jax.sources, paramreg_jax.typing):
+    for name in module.__all__:
+      obj = getattr(module, name)
+      if inspect.isclass(obj) and issubclass(obj, BaseException):
+        continue
+      if callable(obj) and getattr(obj, "__module__", "").startswith("paramreg_jax"):
+        yield f"{module.__name__}.{name}", obj
+
+
+def _parameters(obj) -> list[str]:
+  target = obj.__init__ if inspect.isclass(obj) else obj
+  try:
+    sig = inspect.signature(target)
+  except (TypeError, ValueError):
+    return []
+  return [
+    p.name
+    for p in sig.parameters.values()
+    if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+  ]
+
+
+@pytest.mark.parametrize("name, obj", list(_public_callables()), ids=lambda x: x)
+def test_each_public_callable_documents_its_own_parameters_result_and_errors(name, obj):
+  """Args (each parameter, described here, not "see plan_restore()"), Returns and Raises on
+  every function; Args or Attributes for each constructor parameter of a class."""
+  doc = inspect.getdoc(obj) or ""
+  args = _section(doc, "Args") + _section(doc, "Attributes")
+  for p in _parameters(obj):
+    m = re.search(rf"^\s+(?:\w+, )*{p}(?:, \w+)*(?: \(.*?\))?: (.*)$", args, re.M)
+    assert m, f"{name}: parameter {p!r} is not described under Args:"
+    assert not re.match(r"see :\w+:`[^`]+`\.?$", m.group(1)), f"{name}: {p!r} only says 'see'"
+  if inspect.isclass(obj):
+    return
+  assert _section(doc, "Returns") or _section(doc, "Yields"), f"{name}: no Returns: section"
+  assert _section(doc, "Raises"), f"{name}: no Raises: section"
+
+
+def test_page_code_fits_in_88_columns():
+  """Code on the pages fits the page without scrolling (the CSS makes room for 88 columns)."""
+  long = [
+    f"{page.relative_to(DOCS)}: {line}"
+    for page in PAGES
+    for cell in CODE.findall(page.read_text())
+    for line in cell.splitlines()
+    if len(line) > 88
+  ]
+  assert not long, "\n".join(long)

@@ -210,3 +210,10 @@ def test_debias_added_changes_nothing_without_surgery(jit):
   plain, _ = run(optax.adam(0.05), steps=5, jit=jit)
   debiased, _ = run(prj.keyed(optax.chain(optax.adam(0.05), prj.debias_added())), steps=5, jit=jit)
   chex.assert_trees_all_equal(plain, debiased)
+
+
+@pytest.mark.parametrize("b1, b2", [(-0.1, 0.999), (0.9, 1.0), ("0.9", 0.999), (True, 0.999)])
+def test_debias_added_refuses_a_decay_outside_0_1(b1, b2):
+  bad = "b1" if (b1, b2)[0] != 0.9 else "b2"
+  with pytest.raises(ValueError, match=rf"debias_added\({bad}=\.\.\.\) must be Adam's {bad}"):
+    prj.debias_added(b1, b2)

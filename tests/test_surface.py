@@ -77,7 +77,13 @@ def test_an_unknown_name_is_still_an_attribute_error():
 def test_each_name_is_exported_once():
   """Besides the top-level aliases of the most-caught errors, no name is in two ``__all__``."""
   homes = {}
-  modules = [paramreg_jax, paramreg_jax.sources, paramreg_jax.recipes, paramreg_jax.errors]
+  modules = [
+    paramreg_jax,
+    paramreg_jax.sources,
+    paramreg_jax.recipes,
+    paramreg_jax.errors,
+    paramreg_jax.typing,
+  ]
   for module in modules:
     for name in module.__all__:
       homes.setdefault(name, []).append(module.__name__)
@@ -105,6 +111,12 @@ def test_every_error_is_in_errors_and_is_named_by_it():
 def test_current_names_import_without_warnings():
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    for module in (paramreg_jax, paramreg_jax.sources, paramreg_jax.recipes, paramreg_jax.errors):
+    for module in (
+      paramreg_jax,
+      paramreg_jax.sources,
+      paramreg_jax.recipes,
+      paramreg_jax.errors,
+      paramreg_jax.typing,
+    ):
       for name in module.__all__:
         getattr(module, name)

@@ -19,9 +19,11 @@ def test_ruff_check():
     pytest.fail("ruff is not installed: pip install -e '.[test]'")
   ruff = str(pathlib.Path(sys.executable).parent / "ruff")
   ruff = ruff if pathlib.Path(ruff).exists() else "ruff"
-  result = _run(ruff, "check", "paramreg_jax", "tests", "benchmarks", "conftest.py")
+  result = _run(ruff, "check", "paramreg_jax", "tests", "benchmarks", "docs", "conftest.py")
   assert result.returncode == 0, result.stdout + result.stderr
-  result = _run(ruff, "format", "--check", "paramreg_jax", "tests", "benchmarks", "conftest.py")
+  result = _run(
+    ruff, "format", "--check", "paramreg_jax", "tests", "benchmarks", "docs", "conftest.py"
+  )
   assert result.returncode == 0, result.stdout + result.stderr
 
 

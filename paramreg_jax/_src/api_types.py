@@ -14,6 +14,7 @@ from typing import Any
 from typing import Literal
 from typing import Protocol
 from typing import TypeAlias
+from typing import runtime_checkable
 
 if TYPE_CHECKING:
   from paramreg_jax._src.recipes.ops import Recipe
@@ -41,9 +42,17 @@ DtypePolicy: TypeAlias = Literal["exact", "cast"]
 """``"exact"``: a dtype difference is an error; ``"cast"``: convert."""
 
 
+@runtime_checkable
 class Transformation(Protocol):
   """What ``keyed`` and ``reconcile`` accept: an ``optax.GradientTransformation`` or any object
-  with optax's ``init``/``update`` (``optax.MultiSteps(...)``)."""
+  with optax's ``init``/``update`` (``optax.MultiSteps(...)``).
+
+  Examples:
+    >>> import optax
+    >>> from paramreg_jax.typing import Transformation
+    >>> isinstance(optax.adam(1e-3), Transformation)
+    True
+  """
 
   def init(self, params: Any, /) -> Any: ...
 

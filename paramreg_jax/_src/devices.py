@@ -45,6 +45,9 @@ def use_cpu_devices(count: int = 8) -> None:
   Args:
     count: the number of CPU devices ``jax.devices()`` should report.
 
+  Returns:
+    ``None``; ``jax.devices()`` then reports ``count`` CPU devices.
+
   Raises:
     ValueError: ``count`` is not a positive int.
     RuntimeError: jax has already created its CPU client with another device count (restart

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
+from paramreg_jax._src import html_table
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.restore import plan as plan_lib
 
@@ -116,15 +117,10 @@ class ExportPlan:
   __repr__ = __str__
 
   def _repr_html_(self) -> str:
-    cells = "".join(
-      "<tr>" + "".join(f"<td><code>{html.escape(c)}</code></td>" for c in r) + "</tr>"
-      for r in self.rows()
-    )
+    cells = [[html_table.code(c) for c in r] for r in self.rows()]
     head = html.escape(str(self).splitlines()[0])
-    return (
-      f"<p>{head}</p><table><tr><th>tensor</th><th>shape</th><th>dtype</th>"
-      f"<th>from</th></tr>{cells}</table>"
-    )
+    headers = ["tensor", "shape", "dtype", "from"]
+    return f"<p>{head}</p>" + html_table.table(headers, cells, wrap=[0, 3])
 
 
 def _describe(p: inv.Placement) -> str:

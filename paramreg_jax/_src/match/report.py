@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from paramreg_jax._src import html_table
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
 
@@ -27,8 +28,12 @@ class Proposal:
 class Match(sets.RecipeSet):
   """The proposed mapping: a :class:`RecipeSet` (pass it as ``recipes=``) that explains itself.
 
+  Built by :func:`~paramreg_jax.match`; you do not construct one.
+
   Attributes:
-    proposals: one :class:`Proposal` per target parameter, in target order.
+    proposals: one proposal per target parameter, in target order (its target, recipe or
+      refusal, confidence and the evidence for it).
+    source: the checkpoint source the mapping was proposed from.
     ignored_keys: checkpoint keys no target parameter needs (``restore`` skips them).
     facts: ``(fact, value)`` pairs the checkpoint's ``config.json`` contributed (model type,
       head counts, tied embeddings, the layout of fused tensors); empty without a config.
@@ -89,11 +94,7 @@ class Match(sets.RecipeSet):
     return "\n".join(lines)
 
   def _repr_html_(self) -> str:
-    body = "".join(
-      f"<tr><td><code>{html.escape(t)}</code></td><td><code>{html.escape(e)}</code></td>"
-      f"<td>{html.escape(w)}</td></tr>"
-      for t, e, w in self.rows()
-    )
+    body = [[html_table.code(t), html_table.code(e), html.escape(w)] for t, e, w in self.rows()]
     return (
       f"<p>Match: {len(self.proposals)} parameters</p>"
       + (
@@ -103,8 +104,7 @@ class Match(sets.RecipeSet):
         if self.facts
         else ""
       )
-      + "<table><tr><th>target</th>"
-      f"<th>checkpoint</th><th>why</th></tr>{body}</table>"
+      + html_table.table(["target", "checkpoint", "why"], body, wrap=[1, 2])
     )
 
   def to_python(self, name: str = "recipes") -> str:

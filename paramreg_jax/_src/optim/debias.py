@@ -14,6 +14,7 @@ added parameter steps as a fresh Adam would (up to ``eps``).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 from typing import NamedTuple
 
@@ -49,6 +50,9 @@ def debias_added(b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransforma
     debias_added(b1, b2))``), so that a later :func:`reconcile` keeps every surviving
     parameter's age and gives an added one age 0.
 
+  Raises:
+    ValueError: ``b1`` or ``b2`` is not a number in ``[0, 1)``.
+
   Examples:
     >>> import jax.numpy as jnp, optax
     >>> import paramreg_jax as prj
@@ -63,6 +67,10 @@ def debias_added(b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransforma
     >>> round(float(updates["new"][0]), 4)  # a fresh Adam's first step: -lr
     -0.1
   """
+
+  for name, b in (("b1", b1), ("b2", b2)):
+    if isinstance(b, bool) or not isinstance(b, numbers.Real) or not 0 <= b < 1:
+      raise ValueError(f"debias_added({name}=...) must be Adam's {name}, in [0, 1); got {b!r}")
 
   def init(params: Any) -> DebiasAddedState:
     ages = jax.tree.map(lambda _: jnp.zeros([], jnp.int32), params)

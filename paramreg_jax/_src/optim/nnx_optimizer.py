@@ -36,6 +36,11 @@ def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: An
   Returns:
     The :class:`SurgeryReport`.
 
+  Raises:
+    ReconcileError: ``restored`` is not a state of ``optimizer.tx`` (the message lists each
+      difference), ``optimizer`` was not built for ``model``, or an option refuses a change
+      (``on_missing="error"``, ...); nothing is changed.
+
   Examples:
     >>> import jax.numpy as jnp, optax
     >>> from flax import nnx

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import html
 
+from paramreg_jax._src import html_table
+
 
 @dataclasses.dataclass(frozen=True)
 class SurgeryReport:
@@ -107,16 +109,15 @@ class SurgeryReport:
       "re-initialised": "#ef6c00",
       "renamed": "#6a1b9a",
     }
-    rows = "".join(
-      f"<tr><td style='color:{colors[label]};font-weight:bold'>{label}</td>"
-      f"<td>{len(ks)}</td><td><code>{html.escape(', '.join(ks)) or '&mdash;'}</code></td></tr>"
+    rows = [
+      [
+        f"<span style='color:{colors[label]};font-weight:bold'>{label}</span>",
+        str(len(ks)),
+        html_table.code(", ".join(ks)) if ks else "&mdash;",
+      ]
       for label, ks in self._rows()
-    )
-    notes = "".join(
-      f"<tr><td style='font-weight:bold'>{label}</td><td></td><td>{html.escape(text)}</td></tr>"
-      for label, text in self._notes()
-    )
-    return (
-      "<table><thead><tr><th>state</th><th>#</th><th>parameter keys</th></tr></thead>"
-      f"<tbody>{rows}{notes}</tbody></table>"
-    )
+    ]
+    notes = [
+      [f"<b>{html.escape(label)}</b>", "", html.escape(text)] for label, text in self._notes()
+    ]
+    return html_table.table(["state", "#", "parameter keys"], rows + notes, wrap=[2])

@@ -55,6 +55,11 @@ def layer_map(sources: Sequence[int | None], *, axis: int = 0) -> Resize:
     ``(key, old_leaf, fresh_leaf) -> leaf`` for ``reconcile(..., on_shape_mismatch=...)``;
     leaves of other shapes (an unrelated resize) keep their overlap.
 
+  Raises:
+    ReconcileError: at once, an entry of ``sources`` that is not an int >= 0 or ``None``; when
+      ``reconcile`` applies it, an old index beyond the old state's ``axis`` (the message names
+      the key).
+
   Examples:
     >>> import jax.numpy as jnp, optax
     >>> import paramreg_jax as prj

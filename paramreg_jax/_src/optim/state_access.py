@@ -60,7 +60,13 @@ def state_keys(state: Any, params: Any = None, *, by: registry_lib.By = "name") 
     by: ``"name"`` or ``"position"`` keys.
 
   Returns:
-    The keys of every parameter with at least one state leaf (masked ones have none).
+    The keys of every parameter with at least one state leaf (masked ones have none). A
+    state that mirrors none of ``params`` (a stateless optimizer, or other parameters) holds
+    state for no key: the set is empty.
+
+  Raises:
+    ValueError: ``by`` is not ``"name"`` or ``"position"``.
+    TypeError: without ``params``, a state that stores no keys (pass ``params``).
 
   Examples:
     >>> import jax.numpy as jnp, optax

@@ -36,11 +36,17 @@ def infer(recipe: base.Recipe, src: Any, *, memo: Metas | None = None) -> base.M
     memo: when given, filled with the metadata of every node of ``recipe`` (by ``id``), as the
       compiler and the inverter need it.
 
+  Returns:
+    The output's :class:`~paramreg_jax.sources.TensorMetadata` (shape, dtype, nbytes).
+
   Raises:
-    EmptySourceKeyError, UnknownSourceKeyError, InvalidSelectionAxisError, InvalidRangeError,
-    InvalidIndicesError, EmptyInputsError, DtypeMismatchError, RecipeShapeMismatchError,
-    InvalidJoinAxisError, ElementCountMismatchError, InvalidPermutationError,
-    ByteCountMismatchError, ZeroSizedOutputError, UnsupportedDtypeError.
+    RecipeError: the subclass that names the problem (all in :mod:`paramreg_jax.errors`):
+      ``EmptySourceKeyError``, ``UnknownSourceKeyError``, ``InvalidSelectionAxisError``,
+      ``InvalidRangeError``, ``InvalidIndicesError``, ``EmptyInputsError``,
+      ``DtypeMismatchError``, ``RecipeShapeMismatchError``, ``InvalidJoinAxisError``,
+      ``ElementCountMismatchError``, ``InvalidPermutationError``, ``ByteCountMismatchError``,
+      ``ZeroSizedOutputError``, ``UnsupportedDtypeError``, ``QuantizedLayoutError``.
+    TypeError: ``recipe`` is not a recipe.
 
   Examples:
     >>> import numpy as np
@@ -99,6 +105,15 @@ def _cache(src: Any) -> dict | None:
 
 def source_keys(recipe: base.Recipe) -> tuple[str, ...]:
   """The distinct checkpoint keys ``recipe`` reads, sorted.
+
+  Args:
+    recipe: a recipe.
+
+  Returns:
+    The keys of every ``source(...)`` node, each once, sorted.
+
+  Raises:
+    TypeError: ``recipe`` is not a recipe.
 
   Examples:
     >>> from paramreg_jax import recipes

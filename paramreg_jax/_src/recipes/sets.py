@@ -19,6 +19,14 @@ class FusedSplit(Mapping[str, ops.Recipe]):
   """``{target: recipe}`` for the parts of a fused tensor, remembering the width they must sum to.
 
   Built by :func:`fused_split`; planning checks ``sum(widths)`` against the stored axis length.
+  Looking up a part it does not have raises ``UnknownPartError`` (a ``KeyError``) with the parts
+  it has and the closest name.
+
+  Attributes:
+    key: the fused checkpoint tensor.
+    axis: the axis it is fused along.
+    widths: ``(target, width)`` pairs, in the tensor's physical order.
+    total: ``sum`` of the widths: the length the stored axis must have.
 
   Examples:
     >>> from paramreg_jax import recipes
@@ -85,9 +93,15 @@ def fused_split(
     source: if given, the widths are checked against the stored axis length now; otherwise
       planning checks them.
 
+  Returns:
+    A :class:`FusedSplit`: ``{target: source(key, Range(axis, start, stop))}``, to pass in
+    ``recipes=`` (alone, or with other mappings in a list).
+
   Raises:
-    EmptySourceKeyError, RecipeSetError (no outputs, empty target, non-positive width, widths
-    not summing to the axis length), InvalidSelectionAxisError.
+    EmptySourceKeyError: ``key`` is empty.
+    RecipeSetError: no outputs, an empty target name, a width that is not positive, or (with
+      ``source``) widths that do not sum to the axis length.
+    InvalidSelectionAxisError: (with ``source``) ``axis`` is beyond the tensor's rank.
 
   Examples:
     >>> from paramreg_jax import recipes
@@ -125,7 +139,11 @@ class Rename:
   """Ordered ``(regex, replacement)`` rules from checkpoint keys to target names.
 
   ``re.fullmatch``, first matching rule wins, backrefs (``\\1``) in the replacement; a
-  replacement of ``None`` drops the key. See :func:`rename`.
+  replacement of ``None`` drops the key. Built by :func:`rename`.
+
+  Attributes:
+    rules: the ``(regex, replacement)`` pairs, in order.
+    require_all: whether every checkpoint key must match a rule.
 
   Examples:
     >>> from paramreg_jax import recipes
@@ -193,6 +211,10 @@ def rename(
       backrefs allowed; ``None`` drops the key.
     require_all: every checkpoint key must match a rule (default); ``False`` keeps unmatched
       keys as they are.
+
+  Returns:
+    A :class:`Rename`: call it on a key, or pass it as ``rename=`` (``plan_restore``,
+    ``restore``, ``match``).
 
   Raises:
     RecipeSetError: an invalid regex (at once), or when applied: uncovered keys, unused rules,

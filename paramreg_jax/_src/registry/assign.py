@@ -142,7 +142,10 @@ def assign_ids(reg: ParamRegistry, tree: Any, *, by: By = "name") -> tuple[Param
 
   Raises:
     KeyCollisionError: two leaves share a name (``by="name"``).
-    ShapeMismatchError / OrderingContractError / NamedSlotHijackError: see the methods.
+    ShapeMismatchError: a known key's leaf changed shape or dtype.
+    OrderingContractError: with ``by="position"``, a positional slot restored from a
+      checkpoint is claimed by a leaf of another shape or dtype (the leaves' order changed).
+    NamedSlotHijackError: with ``by="position"``, a leaf claims a slot registered by name.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -161,6 +164,23 @@ def assign_ids(reg: ParamRegistry, tree: Any, *, by: By = "name") -> tuple[Param
 
 def assign_keys(reg: ParamRegistry, tree: Any, *, by: By = "name") -> tuple[ParamRegistry, Any]:
   """Like :func:`assign_ids`, with canonical key strings (``n:dense/kernel``) at the leaves.
+
+  Args:
+    reg: the registry to extend.
+    tree: any pytree of arrays or ``jax.ShapeDtypeStruct`` (as for :func:`assign_ids`).
+    by: ``"name"`` (``n:`` keys from tree paths) or ``"position"`` (``p:`` keys from the
+      flatten order).
+
+  Returns:
+    ``(registry, keys_tree)``; ``keys_tree`` has ``tree``'s structure with the canonical key
+    string at each leaf.
+
+  Raises:
+    KeyCollisionError: two leaves share a name (``by="name"``).
+    ShapeMismatchError: a known key's leaf changed shape or dtype.
+    OrderingContractError: with ``by="position"``, a positional slot restored from a
+      checkpoint is claimed by a leaf of another shape or dtype (the leaves' order changed).
+    NamedSlotHijackError: with ``by="position"``, a leaf claims a slot registered by name.
 
   Examples:
     >>> import jax.numpy as jnp

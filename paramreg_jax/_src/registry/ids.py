@@ -10,7 +10,10 @@ from typing import Any
 class ParamId:
   """The dense, stable index of one registry slot.
 
-  Frozen, hashable and ordered by ``index``.
+  Frozen, hashable and ordered by ``index``; the registry hands them out (:func:`assign_ids`).
+
+  Attributes:
+    index: the slot's position in the registry (``0``, ``1``, ... in registration order).
 
   Examples:
     >>> from paramreg_jax import ParamId

@@ -61,8 +61,7 @@ class JaxBackend:
 
   Examples:
     >>> import jax, numpy as np
-    >>> from paramreg_jax import JaxBackend, recipes
-    >>> from paramreg_jax._src.restore.contract import MaterializationContext
+    >>> from paramreg_jax import JaxBackend, MaterializationContext, recipes
     >>> from paramreg_jax import MemorySource
     >>> src = MemorySource({"w": np.arange(8, dtype=np.float32)})
     >>> slot = jax.ShapeDtypeStruct((8,), np.float32, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))

@@ -49,6 +49,17 @@ class MaterializationContext:
       (three windows of a third of it: being read, read, being built); ``None`` for
       :func:`default_max_inflight_bytes`.
     on_bytes: called with the byte count of every block read (progress bars).
+
+  A :class:`ParameterBackend` receives one per weight from :func:`~paramreg_jax.materialize`;
+  build one yourself only to call a backend directly.
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> from paramreg_jax import MaterializationContext
+    >>> device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    >>> ctx = MaterializationContext("n:w", (8,), np.dtype(np.float32), device)
+    >>> ctx.for_slot("n:b", (2,), np.float32, device).shape
+    (2,)
   """
 
   key: str
@@ -71,8 +82,21 @@ class MaterializationContext:
 class Materialization:
   """A weight whose device transfers may still be in flight (finish it to wait).
 
-  ``adopted`` marks a weight whose every shard is a host buffer a CPU device adopted as it
-  was (no transfer to wait for).
+  Attributes:
+    key: the target key it was built for.
+    weight: the array (its transfers may be in flight until ``finish_all``).
+    adopted: every shard is a host buffer a CPU device adopted as it was (no transfer to wait
+      for).
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> from paramreg_jax import JaxBackend, MaterializationContext, MemorySource, recipes
+    >>> src = MemorySource({"w": np.ones(4, np.float32)})
+    >>> device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    >>> ctx = MaterializationContext("n:w", (4,), np.dtype(np.float32), device)
+    >>> [m] = JaxBackend().materialize_all(src, [(recipes.source("w"), ctx)])
+    >>> m.key, m.weight.shape
+    ('n:w', (4,))
   """
 
   key: str

@@ -26,6 +26,12 @@ def evaluate(recipe: ops.Recipe, src: Any, index: Any = None) -> np.ndarray:
   Returns:
     ``evaluate(recipe, src)[index]``, computed reading only what that region needs.
 
+  Raises:
+    RecipeError: the recipe does not fit the source's metadata (the subclass names the node,
+      as :func:`~paramreg_jax.recipes.infer` raises it).
+    InvalidRegionError: ``index`` is not a tuple of slices with steps of 1 inside the output.
+    SourceIOError: the source could not read a block (the message names the file and tensor).
+
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes

@@ -27,6 +27,11 @@ from paramreg_jax._src.restore import target as target_lib
 class MaterializedUnit(Mapping[str, jax.Array]):
   """An immutable mapping ``canonical key -> jax.Array`` ready to bind.
 
+  Returned by :func:`~paramreg_jax.materialize`; :func:`~paramreg_jax.bind` takes it.
+
+  Args:
+    weights: ``{canonical key: array}`` (or pairs).
+
   Examples:
     >>> import jax.numpy as jnp
     >>> from paramreg_jax import MaterializedUnit

@@ -26,17 +26,43 @@ def restore(
   progress: bool = False,
   backend: contract.ParameterBackend | None = None,
 ) -> api_types.PyTree:
-  """``bind(target, materialize(plan_restore(target, source, ...)))`` in one call.
+  """Restores ``target`` from ``source``: plan, materialize, bind, all or nothing.
+
+  ``bind(target, materialize(plan_restore(target, source, ...)), exclude=exclude)`` in one
+  call. The plan is checked from metadata before any payload is read, and nothing is bound
+  unless every weight validates.
 
   Args:
-    target: the tree to restore into (abstract is fine: ``jax.eval_shape`` output with
-      shardings, or an ``nnx.Module``).
-    source: a checkpoint source.
-    recipes, aliases, rename, exclude, dtype_policy: see :func:`plan_restore`.
-    max_inflight_bytes, progress, backend: see :func:`materialize`.
+    target: the tree to restore into: arrays or ``jax.ShapeDtypeStruct`` objects with
+      shardings (an abstract tree from ``jax.eval_shape``/``nnx.eval_shape`` is enough), flax
+      linen params, an ``nnx.State`` or ``nnx.Module``, an equinox module.
+    source: a :class:`~paramreg_jax.sources.CheckpointSource` (``SafetensorsSource``,
+      ``OrbaxSource``, ``GGUFSource``, ``MemorySource`` or your own).
+    recipes: ``{target name: recipe}`` for the weights that are not stored as they are (a
+      ``RecipeSet``, a :class:`~paramreg_jax.Match`, ``fused_split`` results, or a list of
+      such mappings).
+    aliases: ``{alias name: owner name}`` for tied weights: the alias gets the owner's array.
+    rename: checkpoint key → target name rules (:func:`paramreg_jax.recipes.rename`, or its
+      arguments); a key renamed to ``None`` is not loaded.
+    exclude: globs (or a predicate) over names: target slots kept as they are, and checkpoint
+      keys that may stay unused.
+    dtype_policy: ``"exact"`` (a dtype difference is an error) or ``"cast"`` (convert).
+    max_inflight_bytes: source bytes the host may hold at once besides the restored arrays;
+      default (``None``): 1/64 of the memory available, between 4 and 16 MiB.
+    progress: show a tqdm bar of the bytes read (notebooks and terminals).
+    backend: the :class:`~paramreg_jax.ParameterBackend` that checks, builds and binds the
+      weights; default :class:`~paramreg_jax.JaxBackend`.
 
   Returns:
-    The restored tree (for an ``nnx.Module``: its new ``Param`` state, for ``nnx.update``).
+    The restored tree, of ``target``'s structure (for an ``nnx.Module``: its new ``Param``
+    state, for ``nnx.update``).
+
+  Raises:
+    RestorePlanError: the checkpoint does not cover the target (unknown, missing or unused
+      keys, shape or dtype differences, invalid recipes): every problem is listed, and nothing
+      was read.
+    MaterializationError: a read or build failed (names the key); nothing is kept.
+    BindError: a weight does not fit its slot (shape, dtype, sharding); nothing is bound.
 
   Examples:
     >>> import jax, numpy as np

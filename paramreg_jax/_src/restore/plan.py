@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 
 from paramreg_jax._src import api_types
+from paramreg_jax._src import html_table
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.sources import base as source_lib
@@ -132,21 +133,24 @@ class RestorePlan:
     )
 
   def _repr_html_(self) -> str:
-    rows = "".join(
-      f"<tr><td><code>{html.escape(e.key)}</code></td><td>{e.shape}</td><td>{e.dtype.name}</td>"
-      f"<td>{e.kind}</td><td><code>{html.escape(e.origin)}</code></td>"
-      f"<td>{html.escape(target_lib.describe_sharding(e.sharding))}</td></tr>"
+    rows = [
+      [
+        html_table.code(e.key),
+        str(e.shape),
+        e.dtype.name,
+        e.kind,
+        html_table.code(e.origin),
+        html.escape(target_lib.describe_sharding(e.sharding)),
+      ]
       for e in self.entries
-    )
+    ]
     c = self.counts()
     head = (
       f"<b>RestorePlan</b>: {len(self.entries)} parameters ({c['direct']} direct, "
       f"{c['recipe']} recipe, {c['alias']} alias), {self.nbytes / 2**20:.2f} MiB"
     )
-    return (
-      f"{head}<table><thead><tr><th>key</th><th>shape</th><th>dtype</th><th>kind</th>"
-      f"<th>from</th><th>sharding</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
+    headers = ["key", "shape", "dtype", "kind", "from", "sharding"]
+    return head + html_table.table(headers, rows, wrap=[4], words=[5])
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-friendly summary (used by ``paramreg-jax plan --json``)."""

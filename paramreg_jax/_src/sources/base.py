@@ -125,6 +125,11 @@ def read_into_aligned(value: Any, dtype: Any) -> np.ndarray:
 class TensorMetadata:
   """What a checkpoint says about one tensor, known without reading it.
 
+  Attributes:
+    shape: the stored shape.
+    dtype: the stored numpy dtype (ml_dtypes for bfloat16 and float8).
+    nbytes: the stored payload size; ``-1`` (the default) computes it from shape and dtype.
+
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax.sources import TensorMetadata
@@ -159,6 +164,10 @@ class TensorMetadata:
 @dataclasses.dataclass(frozen=True)
 class SourceStats:
   """Physical payload reads of a source so far (a snapshot).
+
+  Attributes:
+    reads: the number of physical reads (a coalesced run of blocks counts once).
+    bytes_read: the payload bytes those reads fetched.
 
   Examples:
     >>> import numpy as np
@@ -403,7 +412,10 @@ class BaseSource:
 class CheckpointLease:
   """A bounded read of one tensor selection. ``read(index)`` reads only that region.
 
+  Handed out by a source's ``lease(key, selection)``.
+
   Attributes:
+    source: the source it reads from.
     key: the tensor's key in the source.
     selection: ``Full()``, ``Range`` or ``Indices``.
     metadata: the stored tensor's metadata.

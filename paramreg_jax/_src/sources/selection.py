@@ -46,6 +46,16 @@ class Full:
 class Range:
   """Selects ``start:stop`` (non-empty) along ``axis``.
 
+  Args:
+    axis: the axis of the stored tensor the range is on.
+    start: the first index read.
+    stop: one past the last index read (``stop > start``).
+
+  Raises:
+    SelectionError: ``axis``, ``start`` or ``stop`` is not an int >= 0.
+    InvalidRangeError: the range is empty; (against a source) ``stop`` is beyond the axis.
+    InvalidSelectionAxisError: (against a source) ``axis`` is beyond the tensor's rank.
+
   Examples:
     >>> from paramreg_jax import Range
     >>> Range(0, 1, 3).apply_shape((4, 2), where="w")
@@ -84,6 +94,16 @@ class Range:
 @dataclasses.dataclass(frozen=True)
 class Indices:
   """Gathers ``indices`` (non-empty, output order, duplicates allowed) along ``axis``.
+
+  Args:
+    axis: the axis of the stored tensor the indices are on.
+    indices: the indices to read, in output order (a row read twice appears twice).
+
+  Raises:
+    SelectionError: ``axis`` or an index is not an int >= 0.
+    InvalidIndicesError: ``indices`` is empty or not a sequence; (against a source) an index
+      is beyond the axis.
+    InvalidSelectionAxisError: (against a source) ``axis`` is beyond the tensor's rank.
 
   Examples:
     >>> from paramreg_jax import Indices

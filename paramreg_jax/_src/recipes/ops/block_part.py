@@ -77,6 +77,21 @@ def block_values(x: base.Recipe, format: str) -> BlockPart:
   a qwix- or AQT-quantized model holds them) restores from a GGUF without dequantizing:
   ``values * scales`` (each scale repeated over its block) is ``dequantize(x, format)``.
 
+  Args:
+    x: the stored rows: a recipe of ``uint8`` whose last axis is a whole number of blocks.
+    format: ``"Q8_0"`` or ``"Q4_0"`` (formats with one scale per block).
+
+  Returns:
+    A recipe of int8 (Q8_0) or int4 (Q4_0) values, ``[..., values]``.
+
+  Raises:
+    TypeError: ``x`` is not a recipe.
+    UnknownQuantizationError: ``format`` is unknown, or has more than one scale per block.
+    QuantizedLayoutError: (against a source) ``x`` is not ``uint8`` rows of whole blocks.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> import numpy as np
     >>> import paramreg_jax as prj
@@ -94,8 +109,22 @@ def block_values(x: base.Recipe, format: str) -> BlockPart:
 
 
 def block_scales(x: base.Recipe, format: str) -> BlockPart:
-  """The scale of each block of block-quantized rows, float16 ``[..., blocks]`` (see
-  :func:`block_values`).
+  """The scale of each block of block-quantized rows (see :func:`block_values`).
+
+  Args:
+    x: the stored rows: a recipe of ``uint8`` whose last axis is a whole number of blocks.
+    format: ``"Q8_0"`` or ``"Q4_0"``.
+
+  Returns:
+    A float16 recipe, ``[..., blocks]``.
+
+  Raises:
+    TypeError: ``x`` is not a recipe.
+    UnknownQuantizationError: ``format`` is unknown, or has more than one scale per block.
+    QuantizedLayoutError: (against a source) ``x`` is not ``uint8`` rows of whole blocks.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
 
   Examples:
     >>> import numpy as np

@@ -45,6 +45,17 @@ class Cast(base.Unary):
 def cast(x: base.Recipe, dtype: Any) -> Cast:
   """Numeric conversion to ``dtype``.
 
+  Args:
+    x: the recipe to convert.
+    dtype: a numpy or ml_dtypes dtype (``jnp.bfloat16``, ``"float32"``).
+
+  Returns:
+    A recipe with ``x``'s shape and dtype ``dtype``.
+
+  Raises:
+    TypeError: ``x`` is not a recipe.
+    UnsupportedDtypeError: ``dtype`` is not a dtype recipes support.
+
   Examples:
     >>> import jax.numpy as jnp
     >>> from paramreg_jax import recipes

@@ -78,6 +78,23 @@ class Concatenate(base.Recipe):
 def concatenate(xs: Sequence[base.Recipe], axis: int = 0) -> Concatenate:
   """Joins ``xs`` along an existing ``axis``.
 
+  Args:
+    xs: the recipes to join, in order.
+    axis: the axis they are joined along; the other axes must agree.
+
+  Returns:
+    A recipe whose ``axis`` has the sum of the inputs' lengths.
+
+  Raises:
+    TypeError: an input is not a recipe, or ``axis`` is not a non-negative int.
+    EmptyInputsError: (against a source) ``xs`` is empty.
+    InvalidJoinAxisError: (against a source) ``axis`` is beyond the inputs' rank.
+    RecipeShapeMismatchError: (against a source) the inputs differ off ``axis``.
+    DtypeMismatchError: (against a source) the inputs' dtypes differ.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> print(recipes.concatenate([recipes.source("a"), recipes.source("b")], axis=1))

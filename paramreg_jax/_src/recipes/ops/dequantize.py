@@ -83,12 +83,24 @@ def _format(name: str, where: Any) -> Any:
 def dequantize(x: base.Recipe, format: str) -> Dequantize:
   """Block-quantized rows (``uint8 [..., bytes]``) to float32 values (``[..., values]``).
 
-  ``format`` is a GGUF block format: ``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``,
-  ``Q2_K``, ``Q3_K``, ``Q4_K``, ``Q5_K``, ``Q6_K`` or ``MXFP4``. The values equal the
-  ``gguf`` package's reference dequantizers bit for bit.
+  The values equal the ``gguf`` package's reference dequantizers bit for bit.
+
+  Args:
+    x: the stored rows: a recipe of ``uint8`` whose last axis is a whole number of blocks.
+    format: a GGUF block format: ``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``, ``Q5_1``,
+      ``Q2_K``, ``Q3_K``, ``Q4_K``, ``Q5_K``, ``Q6_K`` or ``MXFP4``.
+
+  Returns:
+    A float32 recipe whose last axis holds the block's values (a sharded restore reads only
+    the blocks each shard needs).
 
   Raises:
-    UnknownQuantizationError: an unknown format (at construction).
+    TypeError: ``x`` is not a recipe.
+    UnknownQuantizationError: an unknown ``format`` (at construction).
+    QuantizedLayoutError: (against a source) ``x`` is not ``uint8`` rows of whole blocks.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
 
   Examples:
     >>> import numpy as np

@@ -64,6 +64,21 @@ class Mxfp4(base.Recipe):
 def mxfp4(blocks: base.Recipe, scales: base.Recipe) -> Mxfp4:
   """gpt-oss's MXFP4 tensors to float32: ``ldexp(FP4[nibble], scale - 127)``, low nibble first.
 
+  Args:
+    blocks: the ``*_blocks`` tensor: ``uint8 [..., groups, 16]``, two FP4 values a byte.
+    scales: the ``*_scales`` tensor: ``uint8 [..., groups]``, one exponent a group.
+
+  Returns:
+    A float32 recipe ``[..., groups * 32]``.
+
+  Raises:
+    TypeError: ``blocks`` or ``scales`` is not a recipe.
+    QuantizedLayoutError: (against a source) the tensors are not ``uint8``, or their groups
+      do not agree.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> import numpy as np
     >>> import paramreg_jax as prj

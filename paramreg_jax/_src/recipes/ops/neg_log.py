@@ -53,6 +53,19 @@ class NegLog(base.Unary):
 def neg_log(x: base.Recipe) -> NegLog:
   """Elementwise ``log(-x)`` (e.g. a stored ``A`` to the ``A_log`` a model expects).
 
+  Args:
+    x: the recipe, of a float dtype.
+
+  Returns:
+    A recipe with ``x``'s shape and dtype.
+
+  Raises:
+    TypeError: ``x`` is not a recipe.
+    UnsupportedDtypeError: (against a source) ``x`` is not a float (cast it first).
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> print(recipes.neg_log(recipes.source("A")))

@@ -52,6 +52,21 @@ class Reshape(base.Unary):
 def reshape(x: base.Recipe, shape: Sequence[int]) -> Reshape:
   """Row-major reshape; the element count must not change.
 
+  Args:
+    x: the recipe to reshape.
+    shape: the new shape (non-negative ints; no ``-1``).
+
+  Returns:
+    A recipe of shape ``shape``.
+
+  Raises:
+    TypeError: ``x`` is not a recipe, or ``shape`` is not a sequence of non-negative ints.
+    ElementCountMismatchError: (against a source) ``shape`` holds a different number of
+      elements than ``x``.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> print(recipes.reshape(recipes.source("w"), (2, 8)))

@@ -102,13 +102,25 @@ def scale_blocks(
 ) -> ScaleBlocks:
   """``x`` (float8, or any float) times its scales, as float32.
 
-  ``scale`` is one value (per tensor), or has ``x``'s rank and one value per block: ``(rows,
-  1)`` per channel; ``(ceil(rows / 128), ceil(cols / 128))`` with ``block=(128, 128)`` for the
-  ``weight_scale_inv`` of DeepSeek-V3 style FP8 checkpoints (which multiplies). Without
-  ``block``, the scales must divide the values evenly.
+  Args:
+    x: the stored values (float8 ``e4m3``/``e5m2``, or any float).
+    scale: a recipe of one value (per tensor), or of ``x``'s rank with one value per block:
+      ``(rows, 1)`` per channel; ``(ceil(rows / 128), ceil(cols / 128))`` with
+      ``block=(128, 128)`` for the ``weight_scale_inv`` of DeepSeek-V3 style FP8
+      checkpoints (which multiplies).
+    block: the block shape each scale covers (the last block of an axis may be partial);
+      without it, the scales must divide the values evenly.
+
+  Returns:
+    A float32 recipe of ``x``'s shape.
 
   Raises:
-    QuantizedLayoutError: (at plan time) scales that do not tile the values in ``block``.
+    TypeError: ``x`` or ``scale`` is not a recipe, or ``block`` is not a sequence of ints.
+    ValueError: a ``block`` size is not positive.
+    QuantizedLayoutError: (against a source) scales that do not tile the values in ``block``.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
 
   Examples:
     >>> import ml_dtypes, numpy as np

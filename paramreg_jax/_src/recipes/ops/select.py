@@ -36,6 +36,22 @@ class Select(base.Unary):
 def select(x: base.Recipe, selection: Any) -> Select:
   """A further ``Range``/``Indices`` selection of a derived value.
 
+  Args:
+    x: the recipe whose output is selected from.
+    selection: a :class:`~paramreg_jax.Range` or :class:`~paramreg_jax.Indices` along one
+      axis of ``x``'s output.
+
+  Returns:
+    A recipe; only the blocks of ``x`` the selection needs are read.
+
+  Raises:
+    TypeError: ``x`` is not a recipe.
+    SelectionError: ``selection`` is not a selection, or (against a source) does not fit
+      ``x``'s shape.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> from paramreg_jax import Indices

@@ -51,8 +51,20 @@ class Source(base.Recipe):
 def source(key: str, selection: Any = None) -> Source:
   """Reads checkpoint tensor ``key`` (optionally ``Range``/``Indices`` of it).
 
+  Args:
+    key: the tensor's name in the checkpoint (``"model.layers.0.mlp.up_proj.weight"``).
+    selection: ``None`` (or ``Full()``) for the whole tensor, or a
+      :class:`~paramreg_jax.Range`/:class:`~paramreg_jax.Indices` along one axis: only
+      those rows are read.
+
+  Returns:
+    A recipe; nothing is read until a restore (or :func:`evaluate`) runs it.
+
   Raises:
     EmptySourceKeyError: ``key`` is empty or whitespace.
+    SelectionError: ``selection`` is not a selection, or (against a source) does not fit the
+      tensor's shape.
+    UnknownSourceKeyError: (against a source) the checkpoint has no tensor ``key``.
 
   Examples:
     >>> from paramreg_jax import recipes

@@ -76,6 +76,23 @@ def _layer_loop(codes: list[str]) -> str | None:
 def stack(xs: Sequence[base.Recipe], axis: int = 0) -> Stack:
   """Joins ``xs`` along a new ``axis`` (unstacked layers → one scanned array).
 
+  Args:
+    xs: the recipes to stack, in order (layer 0 first).
+    axis: where the new axis goes (``0`` for ``nnx.scan``'s layer axis).
+
+  Returns:
+    A recipe with one more axis than its inputs, of length ``len(xs)``.
+
+  Raises:
+    TypeError: an input is not a recipe, or ``axis`` is not a non-negative int.
+    EmptyInputsError: (against a source) ``xs`` is empty.
+    InvalidJoinAxisError: (against a source) ``axis`` is beyond the inputs' rank.
+    RecipeShapeMismatchError: (against a source) the inputs' shapes differ.
+    DtypeMismatchError: (against a source) the inputs' dtypes differ.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> print(recipes.stack([recipes.source(f"layer{i}/w") for i in range(2)]))

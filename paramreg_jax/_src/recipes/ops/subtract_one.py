@@ -51,6 +51,19 @@ class SubtractOne(base.Unary):
 def subtract_one(x: base.Recipe) -> SubtractOne:
   """Elementwise ``x - 1`` (offset-normalised norm weights).
 
+  Args:
+    x: the recipe, of a numeric dtype.
+
+  Returns:
+    A recipe with ``x``'s shape and dtype.
+
+  Raises:
+    TypeError: ``x`` is not a recipe.
+    UnsupportedDtypeError: (against a source) ``x`` is bool (cast it first).
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> print(recipes.subtract_one(recipes.source("norm")))

@@ -56,6 +56,21 @@ class Transpose(base.Unary):
 def transpose(x: base.Recipe, axes: Sequence[int]) -> Transpose:
   """Permutes axes: output axis ``i`` is input axis ``axes[i]`` (``[out, in]`` → ``[in, out]``).
 
+  Args:
+    x: the recipe to transpose.
+    axes: a permutation of ``range(x.ndim)``, as in ``numpy.transpose``.
+
+  Returns:
+    A recipe of shape ``[x.shape[a] for a in axes]``.
+
+  Raises:
+    TypeError: ``x`` is not a recipe, or ``axes`` is not a sequence of non-negative ints.
+    InvalidPermutationError: (against a source) ``axes`` is not a permutation of ``x``'s
+      axes.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> from paramreg_jax import recipes
     >>> print(recipes.transpose(recipes.source("w"), (1, 0)))

@@ -58,6 +58,23 @@ class View(base.Unary):
 def view(x: base.Recipe, dtype: Any, shape: Sequence[int]) -> View:
   """Reinterprets the bytes as ``dtype`` with ``shape`` (no numeric conversion).
 
+  Args:
+    x: the recipe whose bytes are reinterpreted.
+    dtype: the dtype to read the bytes as.
+    shape: the output shape; it must hold exactly ``x``'s bytes.
+
+  Returns:
+    A recipe of ``shape`` and ``dtype``.
+
+  Raises:
+    TypeError: ``x`` is not a recipe, or ``shape`` is not a sequence of non-negative ints.
+    UnsupportedDtypeError: ``dtype`` is not a dtype recipes support.
+    ByteCountMismatchError: (against a source) ``shape`` and ``dtype`` hold a different
+      number of bytes than ``x``.
+
+  Errors found against a source's metadata are raised by :func:`infer` and listed by
+  :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.
+
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes
