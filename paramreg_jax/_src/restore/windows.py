@@ -54,6 +54,7 @@ def materialize(
   except BaseException as e:
     run.reader.shutdown(wait=False, cancel_futures=True)
     pool.shutdown(wait=False, cancel_futures=True)
+    run.cancel_reads()
     if isinstance(e, KeyboardInterrupt) and run.window is not None:
       # Ctrl-C while this window was read or built
       errors.note_interrupted(e, run.keys[run.window.tasks[0].weight])
@@ -79,13 +80,25 @@ class _Run:
     self.reading: collections.deque[Any] = collections.deque()
     self.submitted = self.released = 0
     self.window = self.windows[0] if self.windows else None
+    self.started: list[Any] = []  # the source's handles of the reads it started
 
   def read_ahead(self) -> None:
     """Keeps the reader busy, with at most ``DEPTH`` windows alive."""
     while self.submitted < len(self.windows) and self.submitted - self.released < budget_lib.DEPTH:
-      finish = _start_read(self.source, self.windows[self.submitted], self.keys, self.on_bytes)
+      started, finish = _start_read(
+        self.source, self.windows[self.submitted], self.keys, self.on_bytes
+      )
+      self.started.append(started)
       self.reading.append(self.reader.submit(finish))
       self.submitted += 1
+
+  def cancel_reads(self) -> None:
+    """A failed unit reads nothing more: the reads a source started ahead (at a URL, in
+    flight at once) are cancelled, where the source can (``finish.cancel()``)."""
+    for finish in self.started:
+      cancel = getattr(finish, "cancel", None)
+      if cancel is not None:
+        cancel()
 
   def all(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
     self.read_ahead()
@@ -163,15 +176,15 @@ def _culprit(window: reads_lib.Window, keys: list[str], source_key: str | None) 
 
 def _start_read(
   source: Any, window: reads_lib.Window, keys: list[str], on_bytes: Callable[[int], None] | None
-) -> Callable[[], dict[tuple[str, sel_lib.Region], np.ndarray]]:
-  """Issues the reads of every block of ``window`` (orbax starts decoding now); the returned
-  function waits for them (in the reader thread)."""
+) -> tuple[Any, Callable[[], dict[tuple[str, sel_lib.Region], np.ndarray]]]:
+  """Issues the reads of every block of ``window`` (orbax starts decoding now): the source's
+  handle of them, and a function that waits for them (in the reader thread)."""
   requests = window.requests()
   if hasattr(source, "start_reads"):
     finish = _named(lambda: source.start_reads(requests), window, keys)
   else:  # any CheckpointSource: read_many when finished
     finish = functools.partial(source.read_many, requests)
-  return functools.partial(_read, finish, source, window, keys, on_bytes, requests)
+  return finish, functools.partial(_read, finish, source, window, keys, on_bytes, requests)
 
 
 def _named(call: Callable[[], Any], window: reads_lib.Window, keys: list[str]) -> Any:

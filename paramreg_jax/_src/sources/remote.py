@@ -31,19 +31,11 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
-
-
-class RangeNotSupported(Exception):
-  pass
-
-
-class _Changed(Exception):
-  """The object at the URL is not the one that was opened."""
-
-
-class _Transient(Exception):
-  pass
-
+from paramreg_jax._src.sources import pinning
+from paramreg_jax._src.sources.pinning import Changed
+from paramreg_jax._src.sources.pinning import RangeNotSupported
+from paramreg_jax._src.sources.pinning import TooLarge
+from paramreg_jax._src.sources.pinning import Transient
 
 # Protocols whose objects are read by range requests here (fsspec's names).
 PROTOCOLS = ("http", "https", "gs", "gcs", "s3", "s3a", "hf", "az", "abfs")
@@ -134,8 +126,11 @@ class RemoteFile:
     retries: int,
     timeout: float,
     min_throughput: float = MIN_THROUGHPUT,
+    immutable: bool = False,
   ):
     self.name: Any = url
+    self.immutable = immutable  # a commit's file (hf://): nothing to pin, no If-Match sent
+    self.pinned: pinning.Pinned | None = None
     self.retries = retries
     self.timeout = timeout
     self.min_throughput = min_throughput
@@ -150,7 +145,8 @@ class RemoteFile:
       if self.http:  # the first range request also says the size (Content-Range: .../size)
         self._head = self._retrying(lambda: self._http_range(0, HEAD_BYTES), "the header")
       else:
-        self._size = int(self._retrying(lambda: self.fs.size(self.path), "the size"))
+        self.pinned = self._retrying(lambda: pinning.open_object(self.fs, self.path), "the size")
+        self._size = self.pinned.size
     except FileNotFoundError:
       raise errors.MissingShardError(f"{url}: not found (HTTP 404 or no such object)") from None
 
@@ -190,9 +186,10 @@ class RemoteFile:
     if self.http:
       data = self._http_range(start, end)
     else:
-      data = self.fs.cat_file(self.path, start=start, end=end)
+      assert self.pinned is not None
+      data = pinning.read(self.fs, self.path, self.pinned, start, end)
     if len(data) != end - start:  # a body cut short without an error: try again
-      raise _Transient(f"received {len(data)} of {end - start} bytes")
+      raise Transient(f"received {len(data)} of {end - start} bytes")
     return data
 
   def _http_range(self, start: int, end: int) -> bytes:
@@ -206,7 +203,7 @@ class RemoteFile:
 
       session = await self.fs.set_session()
       headers = {**self.fs.kwargs.get("headers", {}), "Range": f"bytes={start}-{end - 1}"}
-      if self.etag and not self.etag.startswith("W/"):
+      if self.etag and not self.etag.startswith("W/") and not self.immutable:
         headers["If-Match"] = self.etag  # the server refuses (412) if the object changed
       deadline = self.timeout + (end - start) / self.min_throughput
       kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("headers", "timeout")}
@@ -219,9 +216,9 @@ class RemoteFile:
         if r.status in (401, 403):
           raise PermissionError(f"HTTP {r.status} {r.reason}")
         if r.status == 412:
-          raise _Changed(f"the server says it no longer matches ETag {self.etag}")
+          raise Changed(f"the server says it no longer matches ETag {self.etag}")
         if r.status == 429 or r.status >= 500:
-          raise _Transient(f"HTTP {r.status} {r.reason}")
+          raise Transient(f"HTTP {r.status} {r.reason}")
         if r.status == 416 and start == 0:  # an empty object
           self._size = 0
           return b""
@@ -246,7 +243,7 @@ class RemoteFile:
       )
     first, last, total = (int(x) for x in m.groups())
     if self._size >= 0 and total != self._size:
-      raise _Changed(f"its size is now {total} bytes, it was {self._size} when opened")
+      raise Changed(f"its size is now {total} bytes, it was {self._size} when opened")
     if (first, last) != (start, min(end, total) - 1):
       raise RangeNotSupported(
         f"asked for bytes {start}-{end - 1}, the server answered bytes {first}-{last}"
@@ -255,9 +252,9 @@ class RemoteFile:
     if self._size < 0:  # the request that opened it
       self._size, self.etag, self.modified = total, etag, modified
     elif self.etag and etag and etag != self.etag:
-      raise _Changed(f"its ETag is now {etag}, it was {self.etag} when opened")
+      raise Changed(f"its ETag is now {etag}, it was {self.etag} when opened")
     elif not self.etag and self.modified and modified and modified != self.modified:
-      raise _Changed(f"it was modified at {modified}, opened as of {self.modified}")
+      raise Changed(f"it was modified at {modified}, opened as of {self.modified}")
 
   def _retrying(self, call: Any, what: str) -> Any:
     return retrying(call, what, url=self.name, retries=self.retries, timeout=self.timeout)
@@ -269,22 +266,26 @@ class RemoteFile:
 def retrying(call: Any, what: str, *, url: Any, retries: int, timeout: float) -> Any:
   """``call()``, retried with backoff on transient failures (a dropped connection, a timeout,
   HTTP 5xx or 429); every other failure, and the last transient one, is a ``SourceIOError``
-  naming ``url`` and what was being read. ``FileNotFoundError`` and ``_TooLarge`` pass through
+  naming ``url`` and what was being read. ``FileNotFoundError`` and ``TooLarge`` pass through
   for the caller to name."""
   delay = 0.05
   for attempt in range(retries + 1):
     try:
       return call()
-    except (FileNotFoundError, PermissionError, RangeNotSupported, _Changed, _TooLarge) as e:
-      if isinstance(e, (FileNotFoundError, _TooLarge)):
+    except (FileNotFoundError, PermissionError, RangeNotSupported, Changed, TooLarge) as e:
+      if isinstance(e, (FileNotFoundError, TooLarge)):
         raise
-      if isinstance(e, _Changed):
+      if isinstance(e, Changed):
         raise errors.SourceIOError(
           f"{url}: the object changed after it was opened ({e}); nothing read from it "
           "is used: open the source again"
         ) from None
+      if isinstance(e, PermissionError):
+        raise _denied(url, what, e) from None
       raise errors.SourceIOError(f"{url}: reading {what}: {e}; not retried") from None
     except Exception as e:  # connection dropped, timeout, 5xx: transient
+      if getattr(e, "code", None) in (401, 403) or str(e).startswith("Forbidden"):  # gcsfs
+        raise _denied(url, what, e) from None
       if not _is_transient(e) or attempt == retries:
         kind = "timed out" if _is_timeout(e) else f"failed ({type(e).__name__}: {e})"
         raise errors.SourceIOError(
@@ -296,6 +297,26 @@ def retrying(call: Any, what: str, *, url: Any, retries: int, timeout: float) ->
   raise errors.SourceIOError(f"{url}: reading {what}: no attempt was made")
 
 
+# where each protocol's filesystem finds its credentials (docs/howto/remote.md)
+CREDENTIALS = {
+  "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or storage_options="
+  "{'key': ..., 'secret': ...}",
+  "gs": "GOOGLE_APPLICATION_CREDENTIALS, `gcloud auth application-default login`, or "
+  "storage_options={'token': ...}",
+  "http": "storage_options={'headers': {'Authorization': ...}}",
+}
+
+
+def _denied(url: Any, what: str, e: BaseException) -> errors.SourceIOError:
+  protocol = str(url).split("://", 1)[0].lower()
+  hint = CREDENTIALS[{"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs"}.get(protocol, "http")]
+  detail = str(e).strip().replace("\n", ": ")
+  return errors.SourceIOError(
+    f"{url}: the store denied reading {what} ({detail}); not retried: check the credentials "
+    f"it reads ({hint})"
+  )
+
+
 def _is_timeout(e: BaseException) -> bool:
   import asyncio
 
@@ -303,7 +324,7 @@ def _is_timeout(e: BaseException) -> bool:
 
 
 def _is_transient(e: BaseException) -> bool:
-  if isinstance(e, (_Transient, ConnectionError, OSError)) or _is_timeout(e):
+  if isinstance(e, (Transient, ConnectionError, OSError)) or _is_timeout(e):
     return True
   module = type(e).__module__ or ""
   return module.startswith("aiohttp")  # payload errors, disconnects (client errors are above)
@@ -322,8 +343,10 @@ class RemoteFolder:
     retries: int,
     timeout: float,
     min_throughput: float = MIN_THROUGHPUT,
+    immutable: bool = False,
   ):
     self.root = root.rstrip("/")
+    self.immutable = immutable
     self.options, self.retries, self.timeout = options, retries, timeout
     self.min_throughput = min_throughput
     self.fs, _ = filesystem(self.root, options, timeout)
@@ -361,14 +384,14 @@ class RemoteFolder:
         if probe:
           return b""
         if size > cap:
-          raise _TooLarge(size)
+          raise TooLarge(size)
         return bytes(self.fs.cat_file(url))
     else:
       call = functools.partial(self._http_document, url, cap, probe)
     try:
       what = "it" if probe else "the document"
       return retrying(call, what, url=url, retries=self.retries, timeout=self.timeout)
-    except _TooLarge as e:
+    except TooLarge as e:
       raise errors.SourceIOError(
         f"{url}: the document is larger than {cap} bytes ({e.args[0]}); refused before it "
         "was read whole (an index or config is a few MB at most)"
@@ -388,25 +411,26 @@ class RemoteFolder:
         sock_read=self.timeout,
       )
       method = session.head if probe else session.get
-      async with method(self.fs.encode_url(url), **kw) as r:
+      # a HEAD follows redirects too (the Hub answers resolve URLs with one to its storage)
+      async with method(self.fs.encode_url(url), allow_redirects=True, **kw) as r:
         if r.status == 404:
           raise FileNotFoundError(url)
         if r.status in (401, 403):
           raise PermissionError(f"HTTP {r.status} {r.reason} (denied: credentials?)")
         if r.status == 429 or r.status >= 500:
-          raise _Transient(f"HTTP {r.status} {r.reason}")
+          raise Transient(f"HTTP {r.status} {r.reason}")
         if r.status != 200:
           raise RangeNotSupported(f"HTTP {r.status} {r.reason}")
         if probe:
           return b""
         length = r.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > cap:
-          raise _TooLarge(int(length))
+          raise TooLarge(int(length))
         body = bytearray()
         async for chunk in r.content.iter_chunked(1 << 16):
           body += chunk
           if len(body) > cap:
-            raise _TooLarge(f"more than {cap}")
+            raise TooLarge(f"more than {cap}")
         return bytes(body)
 
     return sync(self.fs.loop, fetch)
@@ -427,11 +451,8 @@ class RemoteFolder:
       retries=self.retries,
       timeout=self.timeout,
       min_throughput=self.min_throughput,
+      immutable=self.immutable,
     )
-
-
-class _TooLarge(Exception):
-  pass
 
 
 def _outside(name: str) -> bool:

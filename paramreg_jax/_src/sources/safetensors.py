@@ -19,12 +19,14 @@ import functools
 import json
 import os
 import pathlib
+import threading
 from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import hub
 from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
@@ -90,6 +92,7 @@ class SafetensorsSource(source_lib.BaseSource):
   ):
     super().__init__()
     self._where: dict[str, SafetensorsFile] = {}
+    self.commit: str | None = None  # an hf:// source's commit, pinned when it was opened
     if stores.is_url(path):
       self.path: Any = str(path)
       remote.check_remote_args(self.path, storage_options, retries, timeout, min_throughput)
@@ -122,13 +125,22 @@ class SafetensorsSource(source_lib.BaseSource):
   def _open_remote(
     self, url: str, options: Any, retries: int, timeout: float, min_throughput: float
   ) -> None:
-    """A file URL, an index URL, or a folder URL (its index, else its ``model.safetensors``)."""
+    """A file URL, an index URL, or a folder URL (its index, else its ``model.safetensors``);
+    an ``hf://`` URL is first pinned to the commit its revision points to."""
+    immutable = url.split("://", 1)[0].lower() == "hf"
+    if immutable:
+      url, options, self.commit = hub.pin(url, options, timeout, retries)
     if url.endswith(".safetensors") or url.endswith(".json"):
       root, name = url.rsplit("/", 1)
     else:
       root, name = url.rstrip("/"), ""
     self._folder = remote.RemoteFolder(
-      root, options=options, retries=retries, timeout=timeout, min_throughput=min_throughput
+      root,
+      options=options,
+      retries=retries,
+      timeout=timeout,
+      min_throughput=min_throughput,
+      immutable=immutable,
     )
     if not name:
       name = INDEX_NAME if self._folder.exists(INDEX_NAME) else "model.safetensors"
@@ -296,9 +308,18 @@ class SafetensorsSource(source_lib.BaseSource):
     pool = self._pool()
     futures = [pool.submit(self.read_region, key, region) for key, region in requests]
 
-    def finish() -> list[np.ndarray]:
-      return [f.result() for f in futures]
+    def cancel() -> None:  # a failed unit reads nothing more (those in flight finish)
+      for f in futures:
+        f.cancel()
 
+    def finish() -> list[np.ndarray]:
+      try:
+        return [f.result() for f in futures]
+      except BaseException:
+        cancel()
+        raise
+
+    finish.cancel = cancel  # type: ignore[attr-defined]
     return finish
 
   def _pool(self) -> Any:
@@ -325,8 +346,10 @@ class SafetensorsSource(source_lib.BaseSource):
     for f in {id(f): f for f in self._where.values()}.values():
       f.close()
     executor = self.__dict__.pop("_executor", None)
-    if executor is not None:  # the threads that read a URL's ranges
-      executor.shutdown(wait=False)
+    if executor is not None:  # the threads that read a URL's ranges: queued reads are
+      # dropped and those in flight waited for (not from one of those threads: a deadlock)
+      own = threading.current_thread().name.startswith("paramreg-http")
+      executor.shutdown(wait=not own, cancel_futures=True)
 
   def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
     """``box`` widened to whole rows (leading-axis slices): a tensor is row-major in its file,
