@@ -1,7 +1,10 @@
-"""One process of the two-process HTTP test (tests/test_remote.py); not collected by pytest.
+"""One process of the two-process URL tests (tests/test_remote.py over HTTP,
+tests/test_object_stores.py for s3://, gs:// and hf://); not collected by pytest.
 
-argv: process_id port url out.json. Each process restores a row-sharded target (8 devices, 4 per
-process) from a safetensors file served over HTTP, and must fetch only its own rows.
+argv: process_id port url out.json [storage_options.json]. Each process restores a row-sharded
+target (8 devices, 4 per process) from a safetensors checkpoint at the URL (seed 0, layers.0 ...
+layers.N-1), and must fetch only its own rows. Without storage options the URL is the loopback
+HTTP server of tests/http_server.py, which counts the bytes each X-Client header was sent.
 """
 
 import json
@@ -10,6 +13,7 @@ import sys
 import urllib.request
 
 process_id, port, url, out_path = sys.argv[1:5]
+options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -32,9 +36,13 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import paramreg_jax as prj  # noqa: E402
 
 client = f"process-{process_id}"
-src = prj.SafetensorsSource(url, storage_options={"headers": {"X-Client": client}})
-server = url.split("/ckpt")[0]
-header_bytes = json.load(urllib.request.urlopen(f"{server}/_stats"))["sent"].get(client, 0)
+if options is None:  # tests/http_server.py: what it sent this client while the source opened
+  src = prj.SafetensorsSource(url, storage_options={"headers": {"X-Client": client}})
+  server = url.split("/ckpt")[0]
+  header_bytes = json.load(urllib.request.urlopen(f"{server}/_stats"))["sent"].get(client, 0)
+else:
+  src = prj.SafetensorsSource(url, storage_options=options)
+  header_bytes = 0
 mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(8), ("x",))
 rows = NamedSharding(mesh, P("x", None))
 target = {
@@ -42,7 +50,7 @@ target = {
   for key in src.keys()
 }
 params = prj.restore(target, src, rename=[(r"(.*)\.(.*)\.(.*)", r"\1_\2_\3")])
-# the values the test wrote (tests/test_remote.py: seed 0, layers.0 ... layers.N-1 in order)
+# the values the test wrote (seed 0, layers.0 ... layers.N-1 in order)
 rng = np.random.default_rng(0)
 count = len(src.keys())
 shape = src.metadata("layers.0.weight").shape

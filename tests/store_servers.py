@@ -121,19 +121,32 @@ class Front(http.server.ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def s3_store():
-  """``(endpoint of moto's S3 server, its front)``."""
-  from moto.server import ThreadedMotoServer
-
+def object_store(kind: str):
+  """``(endpoint, front)`` of moto's S3 server (``"s3"``) or gcp-storage-emulator (``"gs"``)."""
   port = free_port()
-  server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+  if kind == "s3":
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+  else:
+    from gcp_storage_emulator.server import create_server
+
+    server = create_server("127.0.0.1", port, in_memory=True)
   server.start()
-  front = Front(port, "s3").start()
+  front = Front(port, kind).start()
   try:
     yield f"http://127.0.0.1:{port}", front
   finally:
     front.shutdown()
     server.stop()
+
+
+def s3_store():
+  return object_store("s3")
+
+
+def gcs_store():
+  return object_store("gs")
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
@@ -142,22 +155,6 @@ def s3_options(endpoint: str) -> dict[str, Any]:
     "secret": "testing",
     "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
   }
-
-
-@contextlib.contextmanager
-def gcs_store():
-  """``(endpoint of gcp-storage-emulator, its front)``."""
-  from gcp_storage_emulator.server import create_server
-
-  port = free_port()
-  server = create_server("127.0.0.1", port, in_memory=True)
-  server.start()
-  front = Front(port, "gs").start()
-  try:
-    yield f"http://127.0.0.1:{port}", front
-  finally:
-    front.shutdown()
-    server.stop()
 
 
 def gcs_options(endpoint: str) -> dict[str, Any]:

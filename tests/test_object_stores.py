@@ -262,7 +262,7 @@ def test_a_gcs_answer_of_another_generation_is_never_used():
 
 def test_two_processes_each_fetch_their_half(store, tmp_path):
   """Two ``jax.distributed`` processes (4 CPU devices each, gloo): each reads its own rows."""
-  worker = pathlib.Path(__file__).parent / "multihost_store_worker.py"
+  worker = pathlib.Path(__file__).parent / "multihost_http_worker.py"
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC")}
   env["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
   env["NO_GCE_CHECK"] = "true"
@@ -282,8 +282,8 @@ def test_two_processes_each_fetch_their_half(store, tmp_path):
         str(i),
         str(port),
         store.url,
-        json.dumps(options[i]),
         str(tmp_path / f"out{i}.json"),
+        json.dumps(options[i]),
       ],
       env=env,
       stdout=subprocess.PIPE,

@@ -7,6 +7,9 @@ page, API pages list the guides that use them, and no page names a private modul
 - Each API page ends with "Used in": the guides that mention the object, linked.
 - Type hints and base classes that point into ``paramreg_jax._src`` are shown and linked as the
   public name of the same object (``CheckpointSource``, not ``source_lib.CheckpointSource``).
+
+Names are resolved to objects by ``make_inventories.resolve`` (``conf.py`` puts
+``docs/_inventories`` on the path), the same function that builds the inventories.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import importlib
 import re
 
 from docutils import nodes
+from make_inventories import resolve
 from sphinx import addnodes
 from sphinx.transforms import SphinxTransform
 from sphinx.util import inspect as sphinx_inspect
@@ -46,22 +50,6 @@ BARE = re.compile(r"^([A-Za-z_]\w*)(?:\(.*\))?$", re.S)
 EXTERNAL = ("jax", "flax", "optax", "orbax")
 
 
-def _resolve(dotted: str):
-  parts = dotted.split(".")
-  for cut in range(len(parts), 0, -1):
-    try:
-      obj = importlib.import_module(".".join(parts[:cut]))
-    except ImportError:
-      continue
-    try:
-      for attr in parts[cut:]:
-        obj = getattr(obj, attr)
-    except AttributeError:
-      return None
-    return obj
-  return None
-
-
 def public_name(dotted: str) -> str | None:
   """The documented name of the paramreg_jax object ``dotted`` names (any import path)."""
   head, _, rest = dotted.partition(".")
@@ -70,7 +58,7 @@ def public_name(dotted: str) -> str | None:
     return None
   parts = dotted.split(".")
   for cut in range(len(parts), 1, -1):  # the object, then a member of it (a method)
-    obj = _resolve(".".join(parts[:cut]))
+    obj = resolve(".".join(parts[:cut]))
     if obj is None or isinstance(obj, (str, int)):
       continue
     for home in HOMES:

@@ -105,7 +105,7 @@ def _entries(page: str, text: str) -> list[tuple[str, str]]:
   return out
 
 
-def _resolve(full: str):
+def resolve(full: str):
   """The installed object named ``full`` (or ``None``)."""
   parts = full.split(".")
   for cut in range(len(parts), 0, -1):
@@ -149,7 +149,7 @@ def _add_aliases(project: str, rows: dict[str, tuple[str, str]]) -> None:
   """Each documented object under the names its users import it by, at the same address."""
   by_id = {}
   for full, row in rows.items():
-    obj = _resolve(full)
+    obj = resolve(full)
     if obj is not None and not isinstance(obj, (str, int, float, bool)):
       by_id.setdefault(id(obj), row)
   for module in ALIASES[project]:
@@ -167,7 +167,7 @@ def inventory(project: str, repo: pathlib.Path) -> bytes:
   rows: dict[str, tuple[str, str]] = {}
   for page, text in _files(repo, folder).items():
     for full, uri in _entries(page, text):
-      obj = _resolve(full)
+      obj = resolve(full)
       if obj is None or not full.startswith(keep):
         continue
       rows.setdefault(full, (_role(obj), uri))
