@@ -208,28 +208,33 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 
   do_HEAD = do_GET
 
-  def _revision(self, repo: str, revision: str) -> None:
+  def _commit(self, repo: str, revision: str) -> str | None:
+    """The commit ``revision`` names; ``None`` once the refusal is answered."""
     hub = self.server
     if repo not in hub.repos:
-      return self._reply(401, b"", {"X-Error-Code": "RepoNotFound"})
+      self._reply(401, b"", {"X-Error-Code": "RepoNotFound"})
+      return None
     if self._denied(repo):
-      return
+      return None
     commit = hub.commit_of(repo, revision)
     if commit is None:
-      return self._reply(404, b"", {"X-Error-Code": "RevisionNotFound"})
+      self._reply(404, b"", {"X-Error-Code": "RevisionNotFound"})
+    return commit
+
+  def _revision(self, repo: str, revision: str) -> None:
+    hub = self.server
+    commit = self._commit(repo, revision)
+    if commit is None:
+      return
     files = [{"rfilename": f} for f in hub.repos[repo]["commits"][commit]]
     body = json.dumps({"id": repo, "sha": commit, "siblings": files}).encode()
     self._reply(200, body, {"Content-Type": "application/json"})
 
   def _resolve(self, repo: str, revision: str, name: str) -> None:
     hub = self.server
-    if repo not in hub.repos:
-      return self._reply(401, b"", {"X-Error-Code": "RepoNotFound"})
-    if self._denied(repo):
-      return
-    commit = hub.commit_of(repo, revision)
+    commit = self._commit(repo, revision)
     if commit is None:
-      return self._reply(404, b"", {"X-Error-Code": "RevisionNotFound"})
+      return
     blob = hub.repos[repo]["commits"][commit].get(name)
     if blob is None:
       return self._reply(404, b"", {"X-Error-Code": "EntryNotFound"})
