@@ -61,6 +61,9 @@ class _Front(http.server.BaseHTTPRequestHandler):
       fail = s.fail_next > 0 and ranged
       if fail:
         s.fail_next -= 1
+      part, count = s.fail_paths
+      if not fail and count and self.command == "GET" and part in self.path:
+        fail, s.fail_paths = True, (part, count - 1)
     if fail:
       self.send_response(503)
       self.send_header("Content-Length", "0")
@@ -81,10 +84,12 @@ class _Front(http.server.BaseHTTPRequestHandler):
     self.end_headers()
     if self.command != "HEAD":
       self.wfile.write(data)
-    if ranged and 200 <= r.status < 300:
+    if self.command == "GET" and 200 <= r.status < 300:
       with s.lock:
-        s.payload += len(data)
-        s.ranged_requests += 1
+        s.sent += len(data)
+        if ranged:
+          s.payload += len(data)
+          s.ranged_requests += 1
 
   do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
@@ -106,7 +111,9 @@ class Front(http.server.ThreadingHTTPServer):
     self.lock = threading.Lock()
     self.payload = 0  # body bytes of successful ranged GETs
     self.ranged_requests = 0
+    self.sent = 0  # body bytes of every successful GET, ranged or not
     self.fail_next = 0  # ranged GETs to answer with 503
+    self.fail_paths = ("", 0)  # (a path part, how many GETs of such paths to answer with 503)
 
   @property
   def url(self) -> str:
@@ -138,6 +145,11 @@ def object_store(kind: str):
     yield f"http://127.0.0.1:{port}", front
   finally:
     front.shutdown()
+    if kind == "s3":  # moto keeps its buckets for the process, not for the server
+      conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+      conn.request("POST", "/moto-api/reset")
+      conn.getresponse().read()
+      conn.close()
     server.stop()
 
 

@@ -64,3 +64,49 @@ def test_a_changed_orbax_signature_falls_back(tmp_path):
   spec = ts_specs.read_spec(str(path), "scale", False, True, tools=Changed)
   store = ts.open(spec, context=ts_specs.context(True, tools=Changed), open=True).result()
   np.testing.assert_array_equal(store.read().result(), TREE["scale"])
+
+
+def test_a_bucket_kvstore_takes_its_endpoint_from_the_environment(monkeypatch):
+  from paramreg_jax._src.sources import orbax_remote
+
+  for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+  assert orbax_remote.kvstore("s3://b/run/ckpt/") == {
+    "driver": "s3",
+    "bucket": "b",
+    "path": "run/ckpt/",
+  }
+  monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9000")
+  monkeypatch.setenv("AWS_REGION", "eu-west-1")
+  monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+  assert orbax_remote.kvstore("s3://b") == {
+    "driver": "s3",
+    "bucket": "b",
+    "path": "",
+    "endpoint": "http://127.0.0.1:9000",
+    "aws_region": "eu-west-1",
+    "aws_credentials": {"type": "environment"},
+  }
+  ts.KvStore.Spec(orbax_remote.kvstore("s3://bucket/x"))  # tensorstore accepts it
+
+
+def test_a_gcs_emulator_for_the_listing_only_is_refused_with_the_fix(monkeypatch):
+  """gcsfs reads STORAGE_EMULATOR_HOST, tensorstore TENSORSTORE_GCS_HTTP_URL: one without the
+  other would read the listing and the arrays from two servers."""
+  from paramreg_jax._src.sources import orbax_remote
+  from paramreg_jax.errors import StoreError
+
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:4443")
+  monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
+  with pytest.raises(StoreError) as info:
+    orbax_remote.kvstore("gs://b/ckpt")
+  assert str(info.value) == (
+    "gs://b/ckpt: STORAGE_EMULATOR_HOST=127.0.0.1:4443 sends the listing to another server, "
+    "but tensorstore, which reads the arrays, reads TENSORSTORE_GCS_HTTP_URL (now unset: "
+    "storage.googleapis.com). Nothing was read: set "
+    "TENSORSTORE_GCS_HTTP_URL=http://127.0.0.1:4443 as well"
+  )
+  fix = str(info.value).rsplit("set ", 1)[1].removesuffix(" as well")
+  monkeypatch.setenv(*fix.split("=", 1))  # the fix, as the message gives it
+  assert orbax_remote.kvstore("gs://b/ckpt") == {"driver": "gcs", "bucket": "b", "path": "ckpt/"}

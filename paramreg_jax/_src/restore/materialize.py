@@ -163,6 +163,7 @@ def materialize(
         if entry.kind == "alias":
           key = entry.key
           weights[entry.key] = backend.share_materialized_weight(weights[str(entry.owner)])
+      _confirm_unchanged(plan.source)
     except (KeyboardInterrupt, Exception) as e:
       weights.clear()
       if isinstance(e, KeyboardInterrupt):
@@ -194,6 +195,15 @@ def _finish(
     except Exception as e:
       raise errors.MaterializationError(f"{entry.key}: {type(e).__name__}: {e}", entry.key) from e
   return out
+
+
+def _confirm_unchanged(source: Any) -> None:
+  """Every read is done: a source whose storage changed meanwhile fails the whole unit."""
+  if hasattr(source, "confirm_unchanged"):
+    try:
+      source.confirm_unchanged()
+    except errors.SourceIOError as e:
+      raise errors.MaterializationError(f"{e}; nothing was kept, the target is untouched") from e
 
 
 def _nothing_kept(e: Exception, key: str | None) -> errors.MaterializationError:

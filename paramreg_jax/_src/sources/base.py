@@ -268,6 +268,11 @@ class BaseSource:
     concurrently). The default does nothing."""
     del keys
 
+  def confirm_unchanged(self) -> None:
+    """Called once after a restore's reads, before anything is kept: a source whose storage
+    can change under it (a checkpoint in a bucket) raises ``SourceIOError`` if it did. The
+    default does nothing."""
+
   def close(self) -> None:
     """Releases what the source holds open (files, connections); nothing, by default."""
 

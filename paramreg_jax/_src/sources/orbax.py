@@ -22,11 +22,14 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.registry import assign as registry_lib
 from paramreg_jax._src.registry import keys as keys_lib
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import orbax_remote
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
 from paramreg_jax._src.sources import ts_specs
 
 _METADATA_FILE = "_METADATA"
+# (tree path, orbax array name, shape, dtype, storage chunk shape)
+_Leaf = tuple[tuple[Any, ...], str, tuple[int, ...], np.dtype, "tuple[int, ...] | None"]
 
 
 def _is_item_dir(path: pathlib.Path) -> bool:
@@ -49,8 +52,8 @@ def _refuse_uncommitted(path: pathlib.Path, what: str) -> None:
 
 
 def _as_path(path: Any) -> Any:
-  """A local path, or for ``gs://``/``s3://`` orbax's own path type (etils ``epath``), which
-  orbax and tensorstore read remotely (supported, not tested here: no object store)."""
+  """A local path, or for ``gs://``/``s3://`` orbax's own path type (etils ``epath``: the
+  listing and ``_METADATA`` go through gcsfs/s3fs, the arrays through tensorstore)."""
   if not stores.is_url(path):
     return pathlib.Path(path)
   scheme = str(path).split("://", 1)[0]
@@ -73,7 +76,10 @@ def resolve_checkpoint_dir(
   """
   from orbax.checkpoint import path as ocp_path
 
-  path = path.absolute()
+  if stores.is_url(str(path)):
+    orbax_remote.check_listing(path)
+  else:
+    path = path.absolute()  # epath's absolute() would prefix a URL with the working directory
   if not path.is_dir():
     raise errors.StoreError(f"{path}: no such orbax checkpoint directory")
   if isinstance(step, str) and step.strip().isdigit():
@@ -189,9 +195,16 @@ class OrbaxSource(source_lib.BaseSource):
 
   Args:
     path: a ``StandardCheckpointer``/``PyTreeCheckpointer`` directory, a ``CheckpointManager``
-      step directory, or a manager root (the latest step is used unless ``step`` is given).
+      step directory, or a manager root (the latest step is used unless ``step`` is given);
+      locally or at a ``gs://`` or ``s3://`` URL. In a bucket, the listing is read through
+      gcsfs/s3fs and the arrays through tensorstore, both with the endpoint and credentials
+      from the environment (how-to "Restore straight from the Hub or a bucket").
     step: the step of a ``CheckpointManager`` root.
     item: the item name inside a step that holds several (``"params"``, ``"opt"``...).
+
+  Raises:
+    StoreError: nothing committed at ``path`` (no checkpoint, an unfinished save, no such step
+      or item), a damaged ``_METADATA``, or a bucket that denies the listing.
 
   Examples:
     >>> import os, tempfile, jax.numpy as jnp, orbax.checkpoint as ocp
@@ -209,10 +222,49 @@ class OrbaxSource(source_lib.BaseSource):
     self, path: str | os.PathLike[str], *, step: int | str | None = None, item: str | None = None
   ):
     super().__init__()
+    self.path = resolve_checkpoint_dir(_as_path(path), step=step, item=item)
+    data = _check_metadata_file(self.path)
+    self._use_ocdbt = (self.path / "manifest.ocdbt").exists() or any(
+      p.name.startswith("ocdbt.process") for p in self.path.iterdir()
+    )
+    self._stores: dict[str, Any] = {}
+    self._open_lock = threading.Lock()
+    self._context: Any = None
+    self._base = orbax_remote.kvstore(str(self.path)) if stores.is_url(str(self.path)) else None
+    opened: dict[str, Any] = {}
+    self._versions = orbax_remote.versions(str(self.path)) if self._base is not None else None
+    leaves = self._orbax_leaves(data) if self._base is None else self._bucket_leaves(data, opened)
+    # an nnx.State was saved as {'value': x} dicts: name its arrays as the live State's
+    paths = [leaf[0] for leaf in leaves]
+    names = tuple(keys_lib.paths_to_names(keys_lib.fold_saved_variables(paths)))
+    if len(set(names)) != len(names):
+      registry_lib.raise_collisions(names, paths)
+    self._entries: dict[str, tuple[source_lib.TensorMetadata, str, tuple[int, ...] | None]] = {}
+    for name, (_, array, shape, dtype, chunk) in zip(names, leaves):
+      self._entries[name] = (source_lib.TensorMetadata(shape, dtype), array, chunk)
+      if array in opened:
+        self._stores[name] = opened[array]
+    self._keys = tuple(sorted(self._entries))
+
+  def confirm_unchanged(self) -> None:
+    """A checkpoint in a bucket must hold the objects it held at open: one listing after the
+    reads (a generation or ETag never returns to an earlier one, so every read before it saw
+    the opened objects)."""
+    if self._versions is None:
+      return
+    moved = orbax_remote.changed(self._versions, orbax_remote.versions(str(self.path)))
+    if moved:
+      shown = ", ".join(moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
+      raise errors.SourceIOError(
+        f"{self.path}: the checkpoint changed while it was read ({shown} written, replaced "
+        "or deleted since it was opened); nothing read from it is used: open it again once "
+        "the save is done"
+      )
+
+  def _orbax_leaves(self, data: dict[str, Any]) -> list[_Leaf]:
+    """The saved arrays, as orbax's metadata API describes them (local and gs:// paths)."""
     import orbax.checkpoint as ocp  # lazily: orbax is heavy and does work at import
 
-    self.path = resolve_checkpoint_dir(_as_path(path), step=step, item=item)
-    saved = _saved_leaves(_check_metadata_file(self.path))
     quiet = _DropMissingCheckpointMetadata()
     logging.getLogger("absl").addFilter(quiet)
     try:
@@ -228,26 +280,34 @@ class OrbaxSource(source_lib.BaseSource):
       tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
     )
     flat = [(p, x) for p, x in flat if hasattr(x, "shape") and hasattr(x, "dtype")]
-    arrays = sum(t in ("jax.Array", "np.ndarray", "scalar") for t in saved.values())
+    arrays = sum(t in orbax_remote.ARRAY_TYPES for t in _saved_leaves(data).values())
     if arrays and len(flat) < arrays:
       raise _damaged(self.path, arrays, len(flat))
-    # an nnx.State was saved as {'value': x} dicts: name its arrays as the live State's
-    names = tuple(keys_lib.paths_to_names(keys_lib.fold_saved_variables([p for p, _ in flat])))
-    if len(set(names)) != len(names):
-      registry_lib.raise_collisions(names, [p for p, _ in flat])
-    self._entries: dict[str, tuple[source_lib.TensorMetadata, str, tuple[int, ...] | None]] = {}
-    for name, (_, leaf) in zip(names, flat):
-      storage = getattr(leaf, "storage", None)
-      chunk = getattr(storage, "chunk_shape", None)
-      meta = source_lib.TensorMetadata(tuple(leaf.shape), np.dtype(leaf.dtype))
-      self._entries[name] = (meta, leaf.name, tuple(chunk) if chunk else None)
-    self._keys = tuple(sorted(self._entries))
-    self._use_ocdbt = (self.path / "manifest.ocdbt").exists() or any(
-      p.name.startswith("ocdbt.process") for p in self.path.iterdir()
+    leaves = []
+    for p, leaf in flat:
+      chunk = getattr(getattr(leaf, "storage", None), "chunk_shape", None)
+      shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
+      leaves.append((p, leaf.name, shape, dtype, tuple(chunk) if chunk else None))
+    return leaves
+
+  def _bucket_leaves(self, data: dict[str, Any], opened: dict[str, Any]) -> list[_Leaf]:
+    """The saved arrays of a checkpoint in a bucket: the tree from ``_METADATA``, each array's
+    shape, dtype and chunks from its tensorstore (left open in ``opened`` for the reads)."""
+    self._use_zarr3 = bool(data.get("use_zarr3", False))
+    saved = orbax_remote.saved_arrays(data)
+    specs = {array: self._spec(array) for _, array in saved}
+    opened.update(orbax_remote.open_arrays(specs, self._ts_context(), str(self.path)))
+    return [(p, array, *orbax_remote.describe(opened[array])) for p, array in saved]
+
+  def _spec(self, array: str) -> dict[str, Any]:
+    return ts_specs.read_spec(
+      str(self.path), array, self._use_zarr3, self._use_ocdbt, base=self._base
     )
-    self._stores: dict[str, Any] = {}
-    self._open_lock = threading.Lock()
-    self._context: Any = None
+
+  def _ts_context(self) -> Any:
+    if self._context is None:
+      self._context = ts_specs.context(self._use_ocdbt)
+    return self._context
 
   def keys(self) -> tuple[str, ...]:
     return self._keys
@@ -272,16 +332,9 @@ class OrbaxSource(source_lib.BaseSource):
       if missing:
         import tensorstore as ts
 
-        if self._context is None:
-          self._context = ts_specs.context(self._use_ocdbt)
         futures = {
           k: ts.open(
-            ts_specs.read_spec(
-              str(self.path), self._entries[k][1], self._use_zarr3, self._use_ocdbt
-            ),
-            context=self._context,
-            open=True,
-            read=True,
+            self._spec(self._entries[k][1]), context=self._ts_context(), open=True, read=True
           )
           for k in missing
         }
@@ -339,6 +392,14 @@ class OrbaxSource(source_lib.BaseSource):
     for _, fut in issued:
       fut.result()
     return [value for value, _ in issued]
+
+  def read_failed(
+    self, key: str, region: sel_lib.Region, cause: BaseException
+  ) -> errors.SourceIOError:
+    """The error for a failed read, naming the checkpoint (tensorstore's message may not)."""
+    return errors.SourceIOError(
+      f"{key}: reading {sel_lib.region_slices(region)} of {self.path} failed: {cause}", key
+    )
 
   def _physical_bytes(self, key: str, region: sel_lib.Region) -> int:
     """The bytes of the whole chunks ``region`` touches: what the storage serves."""

@@ -45,10 +45,20 @@ def context(use_ocdbt: bool, *, tools: Any = ...) -> Any:
 
 
 def read_spec(
-  directory: str, name: str, use_zarr3: bool, use_ocdbt: bool, *, tools: Any = ...
+  directory: str,
+  name: str,
+  use_zarr3: bool,
+  use_ocdbt: bool,
+  *,
+  tools: Any = ...,
+  base: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-  """The spec that opens array ``name`` of the checkpoint at ``directory`` for reading."""
-  tools = _orbax_tools() if tools is ... else tools
+  """The spec that opens array ``name`` of the checkpoint at ``directory`` for reading;
+  ``base``, the kvstore of a checkpoint in a bucket, replaces orbax's (local and gs:// only)."""
+  if base is not None:
+    tools = None
+  elif tools is ...:
+    tools = _orbax_tools()
   if tools is not None:
     try:
       return tools.ArrayReadSpec(
@@ -59,11 +69,16 @@ def read_spec(
       ).json
     except TypeError:  # its signature changed: the documented form below
       pass
-  base = directory if "://" in directory else f"file://{os.path.abspath(directory)}"
-  if use_ocdbt:
-    kvstore: Any = {"driver": "ocdbt", "base": base, "path": name}
+  kvstore: Any
+  if base is not None:
+    inner = {**base, "path": base["path"] + ("" if use_ocdbt else name)}
+    kvstore = {"driver": "ocdbt", "base": base, "path": name} if use_ocdbt else inner
   else:
-    kvstore = f"{base.rstrip('/')}/{name}"
+    url = directory if "://" in directory else f"file://{os.path.abspath(directory)}"
+    if use_ocdbt:
+      kvstore = {"driver": "ocdbt", "base": url, "path": name}
+    else:
+      kvstore = f"{url.rstrip('/')}/{name}"
   return {
     "driver": "zarr3" if use_zarr3 else "zarr",
     "kvstore": kvstore,
