@@ -1,14 +1,16 @@
 """Restore throughput over HTTP on loopback, against reading the same file locally.
 
-Run: python benchmarks/remote.py [--mib 512]
+Run: python benchmarks/remote.py [--mib 512] [--repeat 3]
 
 A safetensors file of float32 [1024, 2048] kernels stored [out, in] is served by
 ``tests/http_server.py`` (a separate process, honouring Range), and restored with a transpose
 on every kernel into a (4, 2)-sharded target, each restore in a fresh process: once from the
 local path, once from the URL. Beside them, the raw throughput of the same server: a plain loop
 of ranged GETs (16 threads, 8 MiB each) that only fetches the file, so the overhead the restore
-adds over the wire is visible. Reported: time, throughput, the ratios, and the bytes the server
-sent against the file's size.
+adds over the wire is visible. The server sends file bytes with ``sendfile`` (the kernel
+copies them), so it is not what limits the loopback. Each case runs ``--repeat`` times,
+interleaved; reported: the median time and throughput, the ratios of the medians, and the
+bytes the server sent against the file's size.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ def raw_gets(url: str, chunk: int = 8 << 20, threads: int = 16) -> dict:
   return {"seconds": time.perf_counter() - t0, "bytes": got}
 
 
+def median(runs: list[dict]) -> dict:
+  return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+
+
 def measure(where: str) -> dict:
   proc = subprocess.run([sys.executable, __file__, "--case", where], capture_output=True, text=True)
   if proc.returncode:
@@ -85,6 +91,7 @@ def measure(where: str) -> dict:
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--mib", type=int, default=512)
+  parser.add_argument("--repeat", type=int, default=3)
   parser.add_argument("--case", default=None)
   args = parser.parse_args()
   if args.case:
@@ -110,17 +117,22 @@ def main() -> None:
     try:
       assert server.stdout is not None
       url = server.stdout.readline().strip()
-      local = measure(path)
-      remote = measure(f"{url}/ckpt/model.safetensors")
-      sent = json.load(urllib.request.urlopen(f"{url}/_stats"))["sent"]["-"]
-      raw = measure(f"raw:{url}/ckpt/model.safetensors")
+      runs: dict[str, list[dict]] = {"local": [], "remote": [], "raw": []}
+      for _ in range(args.repeat):
+        runs["local"].append(measure(path))
+        before = json.load(urllib.request.urlopen(f"{url}/_stats"))["sent"].get("-", 0)
+        runs["remote"].append(measure(f"{url}/ckpt/model.safetensors"))
+        sent = json.load(urllib.request.urlopen(f"{url}/_stats"))["sent"]["-"] - before
+        runs["raw"].append(measure(f"raw:{url}/ckpt/model.safetensors"))
+      local, remote, raw = (median(runs[k]) for k in ("local", "remote", "raw"))
     finally:
       server.terminate()
       server.wait()
     size = os.path.getsize(path)
   gb = 1e9
   print(
-    f"{count} kernels [{ROWS}, {COLS}] float32 ({size / 2**20:.0f} MiB), (4, 2) mesh, transposed"
+    f"{count} kernels [{ROWS}, {COLS}] float32 ({size / 2**20:.0f} MiB), (4, 2) mesh, transposed; "
+    f"median of {args.repeat}"
   )
   print(f"local file: {local['seconds']:.2f} s ({size / gb / local['seconds']:.2f} GB/s)")
   print(f"HTTP on loopback: {remote['seconds']:.2f} s ({size / gb / remote['seconds']:.2f} GB/s)")

@@ -104,6 +104,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
         s.drop_next -= 1
         want //= 2  # half the body, then the connection goes away
     with open(path, "rb") as f:
+      if not (s.trickle or drop):  # the kernel copies the file to the socket: a fast server
+        self.wfile.flush()
+        done = 0
+        while done < want:
+          step = min(1 << 20, want - done)
+          with s.lock:  # counted before it is written, as below
+            s.sent[client] = s.sent.get(client, 0) + step
+            s.pushed[request] += step
+          try:
+            done += self.connection.sendfile(f, offset=start + done, count=step)
+          except OSError:  # the client hung up
+            return
+        return
       f.seek(start)
       sent = 0
       while sent < want:

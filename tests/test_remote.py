@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -336,3 +337,19 @@ def test_two_processes_each_fetch_about_half(served, tmp_path):
     assert result["checked"] == COUNT * 4
     payload = sent[f"process-{i}"] - result["header_bytes"]
     assert 0.5 * total <= payload <= 1.1 * 0.5 * total, (i, payload, total)
+
+
+def test_the_progress_bar_shows_the_bytes_fetched_over_the_network(served, devices, capsys):
+  """Beside the bytes the weights need, the bytes the server sent (whole rows around the
+  shards' columns, and the header the open read)."""
+  server, _, _ = served
+  target, recipes = transposed_target(devices)
+  src = remote(server, "ckpt/model.safetensors")
+  before = server.sent["test"]  # what opening it read
+  prj.restore(target, src, recipes=recipes, progress=True)
+  err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+  fetched = re.search(r"([0-9.]+)([kMG]?)B over the network", err)
+  assert "restoring" in err and fetched, err
+  scale = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30}[fetched.group(2)]
+  sent = server.sent["test"] - before
+  assert float(fetched.group(1)) * scale == pytest.approx(sent, rel=0.02), (err, sent)

@@ -205,3 +205,38 @@ def test_bad_arguments_are_refused_at_construction(kwargs, message):
 def test_an_unknown_protocol_is_our_error():
   with pytest.raises(prj.StoreError, match=r"ftp:// is not a protocol read here"):
     SafetensorsSource("ftp://127.0.0.1/ckpt/model.safetensors")
+
+
+# --- the two HTTP clients ----------------------------------------------------------------------
+
+CLIENTS = pytest.mark.parametrize(
+  "options", [None, {"client_kwargs": {}}], ids=["stdlib", "aiohttp"]
+)
+
+
+@CLIENTS
+def test_both_http_clients_read_the_same_bytes_and_refuse_a_replaced_object(server, options):
+  """Storage options beyond ``headers`` keep fsspec's aiohttp client; both read the same bytes
+  and pin the object the same way."""
+  src = SafetensorsSource(url(server), retries=0, storage_options=options)
+  assert src._where["a"].store.plain is (options is None)
+  for key in ("a", "b"):
+    np.testing.assert_array_equal(src.lease(key).read(), server.tensors[key])
+  np.testing.assert_array_equal(src.lease("a").read((slice(3, 9),)), server.tensors["a"][3:9])
+  replace_same_size(
+    server.folder / "model.safetensors", {"a": server.tensors["b"], "b": server.tensors["a"]}
+  )
+  with pytest.raises(SourceIOError, match="the object changed after it was opened"):
+    src.lease("a").read()
+
+
+@CLIENTS
+def test_both_http_clients_fail_a_trickling_body_within_its_deadline(server, options):
+  src = SafetensorsSource(
+    url(server), retries=0, timeout=1, min_throughput=1 << 20, storage_options=options
+  )
+  server.trickle = 0.2  # each byte arrives within the timeout: only the deadline can end it
+  t0 = time.perf_counter()
+  with pytest.raises(SourceIOError, match=r"timed out|deadline"):
+    src.lease("a").read()
+  assert time.perf_counter() - t0 < 10

@@ -111,7 +111,8 @@ class JaxBackend:
       others = iter(self.materialize_all(source, nonempty))
       return [e if e is not None else next(others) for e in empty]
     first = requests[0][1]
-    budget = first.max_inflight_bytes or budget_lib.default_max_inflight_bytes()
+    remote = bool(getattr(source, "remote", False))  # a source at a URL (or a recipe's source)
+    budget = first.max_inflight_bytes or budget_lib.default_max_inflight_bytes(remote)
     layouts = direct.layouts(requests, source, self.whole_bytes)
     small = [i for i, lay in enumerate(layouts) if lay is not None]
     if not small:

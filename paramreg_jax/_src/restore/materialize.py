@@ -65,7 +65,11 @@ class MaterializedUnit(Mapping[str, jax.Array]):
 
 
 @contextlib.contextmanager
-def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[int], None] | None]:
+def _progress_bar(
+  enabled: bool, total: int, count: int, source: Any
+) -> Iterator[Callable[[int], None] | None]:
+  """A bar of the bytes the weights need; for a source at a URL, also the bytes fetched over
+  the network (whole rows or chunks around what the shards need, and headers)."""
   if not enabled:
     yield None
     return
@@ -74,8 +78,18 @@ def _progress_bar(enabled: bool, total: int, count: int) -> Iterator[Callable[[i
   bar = tqdm(
     total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"restoring {count} tensors"
   )
+  if not getattr(source, "remote", False) or not hasattr(source, "stats"):
+    update: Callable[[int], None] = bar.update
+  else:
+    start = source.stats.bytes_read
+
+    def update(n: int) -> None:
+      fetched = tqdm.format_sizeof(source.stats.bytes_read - start, "B", 1024)
+      bar.set_postfix_str(f"{fetched} over the network", refresh=False)
+      bar.update(n)
+
   try:
-    yield bar.update
+    yield update
   finally:
     bar.close()
 
@@ -117,7 +131,8 @@ def materialize(
     max_inflight_bytes: source bytes the host may hold at once besides the restored arrays.
       Peak host memory during the call stays within the restored arrays plus
       ``max(max_inflight_bytes, the blocks one shard needs)``. Default
-      (``None``): 1/64 of the memory available, between 4 and 16 MiB.
+      (``None``): 1/64 of the memory available, between 4 and 16 MiB (64 MiB for a
+      source at a URL).
     progress: show a tqdm bar (bytes, rate) that works in notebooks and terminals.
 
   Returns:
@@ -149,7 +164,7 @@ def materialize(
   owners = [e for e in plan.entries if e.kind != "alias"]
   weights: dict[str, Any] = {}
   key = owners[0].key if owners else None
-  with _progress_bar(progress, plan.nbytes, len(owners)) as on_bytes, no_cyclic_gc():
+  with _progress_bar(progress, plan.nbytes, len(owners), plan.source) as on_bytes, no_cyclic_gc():
     base = contract.MaterializationContext(
       "", (), jax.numpy.float32, target_lib.default_sharding(), max_inflight_bytes, on_bytes
     )

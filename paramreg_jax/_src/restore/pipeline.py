@@ -48,7 +48,8 @@ def restore(
       keys that may stay unused.
     dtype_policy: ``"exact"`` (a dtype difference is an error) or ``"cast"`` (convert).
     max_inflight_bytes: source bytes the host may hold at once besides the restored arrays;
-      default (``None``): 1/64 of the memory available, between 4 and 16 MiB.
+      default (``None``): 1/64 of the memory available, between 4 and 16 MiB (64 MiB for a
+      source at a URL).
     progress: show a tqdm bar of the bytes read (notebooks and terminals).
     backend: the :class:`~paramreg_jax.ParameterBackend` that checks, builds and binds the
       weights; default :class:`~paramreg_jax.JaxBackend`.

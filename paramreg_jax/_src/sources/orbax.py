@@ -246,6 +246,12 @@ class OrbaxSource(source_lib.BaseSource):
         self._stores[name] = opened[array]
     self._keys = tuple(sorted(self._entries))
 
+  @property
+  def remote(self) -> bool:  # type: ignore[override]
+    """Whether the checkpoint is read over a network (``gs://``, ``s3://``); a restore's
+    default memory budget is then larger, to keep requests in flight."""
+    return self._base is not None
+
   def confirm_unchanged(self) -> None:
     """A checkpoint in a bucket must hold the objects it held at open: one listing after the
     reads (a generation or ETag never returns to an earlier one, so every read before it saw

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.sources import http_ranges
 from paramreg_jax._src.sources import pinning
 from paramreg_jax._src.sources.pinning import Changed
 from paramreg_jax._src.sources.pinning import RangeNotSupported
@@ -113,6 +114,8 @@ MIN_THROUGHPUT = 1 << 20  # bytes per second
 # the largest index or config document read (streamed; refused past it)
 DOCUMENT_CAP = 64 << 20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+# what a URL keeps as it is when it is sent (its own escapes included)
+_URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
 
 
 class RemoteFile:
@@ -134,8 +137,11 @@ class RemoteFile:
     self.retries = retries
     self.timeout = timeout
     self.min_throughput = min_throughput
-    self.fs, self.path = filesystem(url, options, timeout)
     self.http = url.split("://", 1)[0] in ("http", "https")
+    # the standard library's reader where it honours the options (faster: http_ranges.py)
+    self.plain = self.http and http_ranges.plain_options(options)
+    self.headers = dict((options or {}).get("headers") or {})
+    self.fs, self.path = (None, url) if self.plain else filesystem(url, options, timeout)
     self.closed = False
     self.etag: str | None = None  # the validators the object had when it was opened
     self.modified: str | None = None
@@ -179,6 +185,9 @@ class RemoteFile:
         f"{self.name}: {what} needs bytes up to {offset + want}, but the object is "
         f"{self._size} bytes"
       )
+    if self.plain:  # straight into ``array``
+      self._retrying(lambda: self._http_range(offset, offset + want, into=out), what)
+      return
     data = self._retrying(lambda: self._get(offset, offset + want), what)
     out[:] = np.frombuffer(data, np.uint8)
 
@@ -192,45 +201,64 @@ class RemoteFile:
       raise Transient(f"received {len(data)} of {end - start} bytes")
     return data
 
-  def _http_range(self, start: int, end: int) -> bytes:
+  def _http_range(self, start: int, end: int, into: np.ndarray | None = None) -> bytes:
     """One ``Range`` GET, within its deadline; the status, the range and the validators are
     checked before the body is read, so a server that ignores ``Range`` never sends us the
-    whole object, and an object replaced since it was opened is never read as good."""
+    whole object, and an object replaced since it was opened is never read as good. With
+    ``into``, the body is received into it (exactly ``end - start`` bytes)."""
+    headers = {**self.headers, "Range": f"bytes={start}-{end - 1}"}
+    if self.etag and not self.etag.startswith("W/") and not self.immutable:
+      headers["If-Match"] = self.etag  # the server refuses (412) if the object changed
+    deadline = self.timeout + (end - start) / self.min_throughput
+    on_head = functools.partial(self._on_head, start=start, end=end)
+    if self.plain:
+      url = urllib.parse.quote(self.path, safe=_URL_SAFE)
+      return http_ranges.get(
+        url, headers, on_head, timeout=self.timeout, deadline_seconds=deadline, into=into
+      )
+    assert into is None
+    return self._aiohttp_range(headers, on_head, deadline)
+
+  def _aiohttp_range(self, headers: dict[str, str], on_head: Any, deadline: float) -> bytes:
+    """The GET through fsspec's aiohttp client (storage options beyond ``headers``)."""
     from fsspec.asyn import sync
 
     async def fetch() -> bytes:
       import aiohttp
 
       session = await self.fs.set_session()
-      headers = {**self.fs.kwargs.get("headers", {}), "Range": f"bytes={start}-{end - 1}"}
-      if self.etag and not self.etag.startswith("W/") and not self.immutable:
-        headers["If-Match"] = self.etag  # the server refuses (412) if the object changed
-      deadline = self.timeout + (end - start) / self.min_throughput
       kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("headers", "timeout")}
       kw["timeout"] = aiohttp.ClientTimeout(
         total=deadline, sock_connect=self.timeout, sock_read=self.timeout
       )
       async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
-        if r.status == 404:
-          raise FileNotFoundError(self.path)
-        if r.status in (401, 403):
-          raise PermissionError(f"HTTP {r.status} {r.reason}")
-        if r.status == 412:
-          raise Changed(f"the server says it no longer matches ETag {self.etag}")
-        if r.status == 429 or r.status >= 500:
-          raise Transient(f"HTTP {r.status} {r.reason}")
-        if r.status == 416 and start == 0:  # an empty object
-          self._size = 0
+        if not on_head(r.status, r.reason, r.headers):
           return b""
-        if r.status != 206:
-          raise RangeNotSupported(
-            f"HTTP {r.status} to a Range request (the server ignores Range and would send the "
-            f"whole object, {r.headers.get('Content-Length', '?')} bytes)"
-          )
-        self._check_response(r.headers, start, end)
         return await r.read()
 
     return sync(self.fs.loop, fetch)
+
+  def _on_head(self, status: int, reason: str, headers: Any, *, start: int, end: int) -> bool:
+    """Judges a response before its body: raises for a status or range refused here; False
+    for the empty object's 416 (nothing to read)."""
+    if status == 404:
+      raise FileNotFoundError(self.path)
+    if status in (401, 403):
+      raise PermissionError(f"HTTP {status} {reason}")
+    if status == 412:
+      raise Changed(f"the server says it no longer matches ETag {self.etag}")
+    if status == 429 or status >= 500:
+      raise Transient(f"HTTP {status} {reason}")
+    if status == 416 and start == 0:  # an empty object
+      self._size = 0
+      return False
+    if status != 206:
+      raise RangeNotSupported(
+        f"HTTP {status} to a Range request (the server ignores Range and would send the "
+        f"whole object, {headers.get('Content-Length', '?')} bytes)"
+      )
+    self._check_response(headers, start, end)
+    return True
 
   def _check_response(self, headers: Any, start: int, end: int) -> None:
     """A 206 names exactly the bytes asked for, of an object of the opened size and
@@ -324,7 +352,10 @@ def _is_timeout(e: BaseException) -> bool:
 
 
 def _is_transient(e: BaseException) -> bool:
-  if isinstance(e, (Transient, ConnectionError, OSError)) or _is_timeout(e):
+  import http.client
+
+  transient = (Transient, ConnectionError, OSError, http.client.HTTPException)
+  if isinstance(e, transient) or _is_timeout(e):
     return True
   module = type(e).__module__ or ""
   return module.startswith("aiohttp")  # payload errors, disconnects (client errors are above)
@@ -349,8 +380,9 @@ class RemoteFolder:
     self.immutable = immutable
     self.options, self.retries, self.timeout = options, retries, timeout
     self.min_throughput = min_throughput
-    self.fs, _ = filesystem(self.root, options, timeout)
     self.http = self.root.split("://", 1)[0] in ("http", "https")
+    self.plain = self.http and http_ranges.plain_options(options)
+    self.fs = None if self.plain else filesystem(self.root, options, timeout)[0]
 
   def describe(self, name: str) -> Any:
     return f"{self.root}/{name}"
@@ -398,6 +430,21 @@ class RemoteFolder:
       ) from None
 
   def _http_document(self, url: str, cap: int, probe: bool) -> bytes:
+    if self.plain:
+      headers = dict((self.options or {}).get("headers") or {})
+      return http_ranges.get(
+        urllib.parse.quote(url, safe=_URL_SAFE),
+        headers,
+        functools.partial(_document_head, url, None if probe else cap),
+        timeout=self.timeout,
+        deadline_seconds=self.timeout + cap / self.min_throughput,
+        method="HEAD" if probe else "GET",
+        cap=None if probe else cap,
+      )
+    return self._aiohttp_document(url, cap, probe)
+
+  def _aiohttp_document(self, url: str, cap: int, probe: bool) -> bytes:
+    """The document through fsspec's aiohttp client (storage options beyond ``headers``)."""
     from fsspec.asyn import sync
 
     async def fetch() -> bytes:
@@ -413,19 +460,8 @@ class RemoteFolder:
       method = session.head if probe else session.get
       # a HEAD follows redirects too (the Hub answers resolve URLs with one to its storage)
       async with method(self.fs.encode_url(url), allow_redirects=True, **kw) as r:
-        if r.status == 404:
-          raise FileNotFoundError(url)
-        if r.status in (401, 403):
-          raise PermissionError(f"HTTP {r.status} {r.reason} (denied: credentials?)")
-        if r.status == 429 or r.status >= 500:
-          raise Transient(f"HTTP {r.status} {r.reason}")
-        if r.status != 200:
-          raise RangeNotSupported(f"HTTP {r.status} {r.reason}")
-        if probe:
+        if not _document_head(url, None if probe else cap, r.status, r.reason, r.headers) or probe:
           return b""
-        length = r.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > cap:
-          raise TooLarge(int(length))
         body = bytearray()
         async for chunk in r.content.iter_chunked(1 << 16):
           body += chunk
@@ -453,6 +489,23 @@ class RemoteFolder:
       min_throughput=self.min_throughput,
       immutable=self.immutable,
     )
+
+
+def _document_head(url: str, cap: int | None, status: int, reason: str, headers: Any) -> bool:
+  """Judges a document's response before its body: raises for a status refused here, or a
+  declared length past ``cap`` (``None``: a probe, no body read)."""
+  if status == 404:
+    raise FileNotFoundError(url)
+  if status in (401, 403):
+    raise PermissionError(f"HTTP {status} {reason} (denied: credentials?)")
+  if status == 429 or status >= 500:
+    raise Transient(f"HTTP {status} {reason}")
+  if status != 200:
+    raise RangeNotSupported(f"HTTP {status} {reason}")
+  length = headers.get("Content-Length", "") or ""
+  if cap is not None and length.isdigit() and int(length) > cap:
+    raise TooLarge(int(length))
+  return True
 
 
 def _outside(name: str) -> bool:
