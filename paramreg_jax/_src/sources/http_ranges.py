@@ -1,7 +1,8 @@
 """Range GETs over HTTP(S) with the standard library, the body read straight into its buffer.
 
 Each reading thread keeps one keep-alive connection per host, and a body is received by
-``recv_into`` into the caller's array: no event loop to share, no chunk list to join, no copy.
+``recv_into`` into the caller's array: no event loop to share, no chunk list to join, no copy
+besides the kernel's.
 The GIL is released while a thread waits on its socket, so 16 threads read in parallel
 (fsspec's aiohttp path runs every body through one event-loop thread, and copied each twice:
 ``benchmarks/remote.py``). ``RemoteFile`` uses it for ``http(s)://`` and ``hf://`` when the
@@ -42,12 +43,20 @@ def plain_options(options: dict[str, Any] | None) -> bool:
   return set(options or {}) <= {"headers"}
 
 
+class _Pool(dict):
+  """One thread's connections, closed when the thread ends (its locals are then dropped)."""
+
+  def __del__(self) -> None:
+    for conn in self.values():
+      conn.close()
+
+
 def _connection(
   scheme: str, netloc: str, timeout: float
 ) -> tuple[http.client.HTTPConnection, bool]:
   """This thread's connection to ``netloc``; whether it was made now."""
   global _tls
-  pool = _local.__dict__.setdefault("pool", {})
+  pool = _local.__dict__.setdefault("pool", _Pool())
   conn = pool.get((scheme, netloc))
   if conn is not None:
     return conn, False
@@ -172,7 +181,8 @@ def get(
         return b""
       if r.length != into.nbytes:
         raise Transient(f"the response has {r.length} bytes, {into.nbytes} were asked for")
-      _body_into(r, sock, memoryview(into.reshape(-1).view(np.uint8)), deadline, timeout)
+      flat: Any = into.reshape(-1).view(np.uint8)
+      _body_into(r, sock, memoryview(flat), deadline, timeout)
       return b""
     except BaseException:
       _drop(parts.scheme, parts.netloc)  # a body not read to its end: the connection is done

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.sources import fsspec_http
 from paramreg_jax._src.sources import http_ranges
 from paramreg_jax._src.sources import pinning
 from paramreg_jax._src.sources.pinning import Changed
@@ -141,7 +142,10 @@ class RemoteFile:
     # the standard library's reader where it honours the options (faster: http_ranges.py)
     self.plain = self.http and http_ranges.plain_options(options)
     self.headers = dict((options or {}).get("headers") or {})
-    self.fs, self.path = (None, url) if self.plain else filesystem(url, options, timeout)
+    self.fs: Any = None  # fsspec's, where the standard-library reader cannot serve
+    self.path = url
+    if not self.plain:
+      self.fs, self.path = filesystem(url, options, timeout)
     self.closed = False
     self.etag: str | None = None  # the validators the object had when it was opened
     self.modified: str | None = None
@@ -217,26 +221,9 @@ class RemoteFile:
         url, headers, on_head, timeout=self.timeout, deadline_seconds=deadline, into=into
       )
     assert into is None
-    return self._aiohttp_range(headers, on_head, deadline)
-
-  def _aiohttp_range(self, headers: dict[str, str], on_head: Any, deadline: float) -> bytes:
-    """The GET through fsspec's aiohttp client (storage options beyond ``headers``)."""
-    from fsspec.asyn import sync
-
-    async def fetch() -> bytes:
-      import aiohttp
-
-      session = await self.fs.set_session()
-      kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("headers", "timeout")}
-      kw["timeout"] = aiohttp.ClientTimeout(
-        total=deadline, sock_connect=self.timeout, sock_read=self.timeout
-      )
-      async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
-        if not on_head(r.status, r.reason, r.headers):
-          return b""
-        return await r.read()
-
-    return sync(self.fs.loop, fetch)
+    return fsspec_http.get(
+      self.fs, self.path, headers, on_head, timeout=self.timeout, deadline_seconds=deadline
+    )
 
   def _on_head(self, status: int, reason: str, headers: Any, *, start: int, end: int) -> bool:
     """Judges a response before its body: raises for a status or range refused here; False
@@ -382,7 +369,7 @@ class RemoteFolder:
     self.min_throughput = min_throughput
     self.http = self.root.split("://", 1)[0] in ("http", "https")
     self.plain = self.http and http_ranges.plain_options(options)
-    self.fs = None if self.plain else filesystem(self.root, options, timeout)[0]
+    self.fs: Any = None if self.plain else filesystem(self.root, options, timeout)[0]
 
   def describe(self, name: str) -> Any:
     return f"{self.root}/{name}"
@@ -430,46 +417,31 @@ class RemoteFolder:
       ) from None
 
   def _http_document(self, url: str, cap: int, probe: bool) -> bytes:
+    judge = functools.partial(_document_head, url, None if probe else cap)
+    deadline = self.timeout + cap / self.min_throughput
+    method, limit = ("HEAD", None) if probe else ("GET", cap)
     if self.plain:
       headers = dict((self.options or {}).get("headers") or {})
+      quoted = urllib.parse.quote(url, safe=_URL_SAFE)
       return http_ranges.get(
-        urllib.parse.quote(url, safe=_URL_SAFE),
+        quoted,
         headers,
-        functools.partial(_document_head, url, None if probe else cap),
+        judge,
         timeout=self.timeout,
-        deadline_seconds=self.timeout + cap / self.min_throughput,
-        method="HEAD" if probe else "GET",
-        cap=None if probe else cap,
+        deadline_seconds=deadline,
+        method=method,
+        cap=limit,
       )
-    return self._aiohttp_document(url, cap, probe)
-
-  def _aiohttp_document(self, url: str, cap: int, probe: bool) -> bytes:
-    """The document through fsspec's aiohttp client (storage options beyond ``headers``)."""
-    from fsspec.asyn import sync
-
-    async def fetch() -> bytes:
-      import aiohttp
-
-      session = await self.fs.set_session()
-      kw = {k: v for k, v in self.fs.kwargs.items() if k not in ("timeout",)}
-      kw["timeout"] = aiohttp.ClientTimeout(
-        total=self.timeout + cap / self.min_throughput,
-        sock_connect=self.timeout,
-        sock_read=self.timeout,
-      )
-      method = session.head if probe else session.get
-      # a HEAD follows redirects too (the Hub answers resolve URLs with one to its storage)
-      async with method(self.fs.encode_url(url), allow_redirects=True, **kw) as r:
-        if not _document_head(url, None if probe else cap, r.status, r.reason, r.headers) or probe:
-          return b""
-        body = bytearray()
-        async for chunk in r.content.iter_chunked(1 << 16):
-          body += chunk
-          if len(body) > cap:
-            raise TooLarge(f"more than {cap}")
-        return bytes(body)
-
-    return sync(self.fs.loop, fetch)
+    return fsspec_http.get(
+      self.fs,
+      url,
+      {},
+      judge,
+      timeout=self.timeout,
+      deadline_seconds=deadline,
+      method=method,
+      cap=limit,
+    )
 
   def escapes(self, name: str) -> bool:
     """Whether ``name`` (from an index) reaches outside the folder, percent-encoded or not."""
