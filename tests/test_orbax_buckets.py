@@ -65,10 +65,18 @@ class Bucket:
     self.kind, self.fs, self.front, self.monkeypatch = kind, fs, front, monkeypatch
 
   def upload(self, folder: pathlib.Path, prefix: str, bucket: str = "bucket") -> str:
-    """Copies ``folder`` to ``<bucket>/<prefix>``; its URL."""
+    """Copies ``folder`` to ``<bucket>/<prefix>``, as orbax would have saved it there; its URL.
+
+    On GCS, orbax marks every finished save with a ``commit_success.txt`` (it cannot rename a
+    directory there); orbax before 0.12 does not write it for a local save, so it is added."""
     for path in sorted(folder.rglob("*")):
       if path.is_file():
         self.fs.pipe_file(f"{bucket}/{prefix}/{path.relative_to(folder)}", path.read_bytes())
+    saves = [p for p in [folder, *folder.rglob("*")] if (p / "_CHECKPOINT_METADATA").exists()]
+    for save in saves if self.kind == "gs" else ():
+      if not (save / "commit_success.txt").exists():
+        done = f"{bucket}/{prefix}/{save.relative_to(folder)}/commit_success.txt"
+        self.fs.pipe_file(done.replace("/./", "/"), b"Checkpoint successfully committed.")
     self.fs.invalidate_cache()
     _forget_clients(self.kind)
     return f"{self.kind}://{bucket}/{prefix}"
