@@ -161,6 +161,20 @@ def gcs_store():
   return object_store("gs")
 
 
+def gcs_put(endpoint: str, bucket: str, name: str, data: bytes) -> None:
+  """Writes an object to gcp-storage-emulator by a media upload: its multipart uploads (what
+  gcsfs sends) drop a trailing carriage return byte, which breaks an OCDBT manifest."""
+  conn = http.client.HTTPConnection(*endpoint.split("://", 1)[1].split(":"), timeout=60)
+  target = (
+    f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={urllib.parse.quote(name, safe='')}"
+  )
+  conn.request("POST", target, body=data, headers={"Content-Type": "application/octet-stream"})
+  r = conn.getresponse()
+  r.read()
+  conn.close()
+  assert r.status == 200, (r.status, name)
+
+
 def s3_options(endpoint: str) -> dict[str, Any]:
   return {
     "key": "testing",

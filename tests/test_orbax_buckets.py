@@ -61,22 +61,27 @@ def _forget_clients(kind: str) -> None:
 
 
 class Bucket:
-  def __init__(self, kind, fs, front, monkeypatch):
+  def __init__(self, kind, fs, front, monkeypatch, endpoint):
     self.kind, self.fs, self.front, self.monkeypatch = kind, fs, front, monkeypatch
+    self.endpoint = endpoint
 
   def upload(self, folder: pathlib.Path, prefix: str, bucket: str = "bucket") -> str:
     """Copies ``folder`` to ``<bucket>/<prefix>``, as orbax would have saved it there; its URL.
 
     On GCS, orbax marks every finished save with a ``commit_success.txt`` (it cannot rename a
     directory there); orbax before 0.12 does not write it for a local save, so it is added."""
-    for path in sorted(folder.rglob("*")):
-      if path.is_file():
-        self.fs.pipe_file(f"{bucket}/{prefix}/{path.relative_to(folder)}", path.read_bytes())
+    files = {
+      p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
     saves = [p for p in [folder, *folder.rglob("*")] if (p / "_CHECKPOINT_METADATA").exists()]
     for save in saves if self.kind == "gs" else ():
-      if not (save / "commit_success.txt").exists():
-        done = f"{bucket}/{prefix}/{save.relative_to(folder)}/commit_success.txt"
-        self.fs.pipe_file(done.replace("/./", "/"), b"Checkpoint successfully committed.")
+      done = (save / "commit_success.txt").relative_to(folder).as_posix()
+      files.setdefault(done, b"Checkpoint successfully committed.")
+    for name, data in sorted(files.items()):
+      if self.kind == "gs":
+        ss.gcs_put(self.endpoint, bucket, f"{prefix}/{name}", data)
+      else:
+        self.fs.pipe_file(f"{bucket}/{prefix}/{name}", data)
     self.fs.invalidate_cache()
     _forget_clients(self.kind)
     return f"{self.kind}://{bucket}/{prefix}"
@@ -106,7 +111,7 @@ def bucket(request, monkeypatch):
     for name, value in _environment(kind, front.url).items():
       monkeypatch.setenv(name, value)
     _forget_clients(kind)
-    yield Bucket(kind, fs, front, monkeypatch)
+    yield Bucket(kind, fs, front, monkeypatch, endpoint)
   finally:
     _forget_clients(kind)
     server.__exit__(None, None, None)
