@@ -100,6 +100,15 @@ def _send(
   raise AssertionError("unreachable")
 
 
+def _arm(sock: Any, deadline: float, timeout: float, got: int) -> None:
+  """Bounds the next receive by ``timeout`` and by what is left of the deadline."""
+  left = deadline - time.monotonic()
+  if left <= 0:
+    raise TimeoutError(f"received {got} bytes before the request's deadline")
+  if sock is not None:
+    sock.settimeout(min(timeout, left))
+
+
 def _body_into(
   r: http.client.HTTPResponse, sock: Any, out: memoryview, deadline: float, timeout: float
 ) -> None:
@@ -107,11 +116,7 @@ def _body_into(
   and the whole before ``deadline``."""
   got = 0
   while got < len(out):
-    left = deadline - time.monotonic()
-    if left <= 0:
-      raise TimeoutError(f"received {got} of {len(out)} bytes before the request's deadline")
-    if sock is not None:
-      sock.settimeout(min(timeout, left))
+    _arm(sock, deadline, timeout, got)
     n = r.fp.readinto1(out[got:])  # type: ignore[union-attr]
     if not n:
       raise Transient(f"the connection closed after {got} of {len(out)} bytes")
@@ -127,11 +132,7 @@ def _read_all(
   ``deadline``; refused (``TooLarge``) once it passes ``cap`` bytes."""
   body = bytearray()
   while True:
-    left = deadline - time.monotonic()
-    if left <= 0:
-      raise TimeoutError(f"received {len(body)} bytes before the request's deadline")
-    if sock is not None:
-      sock.settimeout(min(timeout, left))
+    _arm(sock, deadline, timeout, len(body))
     chunk = r.read1(1 << 16)
     if not chunk:
       r.close()  # a HEAD's response is not closed by reading it; the connection stays open
