@@ -135,6 +135,28 @@ MUTATIONS = (
     "  if False:\n",
     ("tests/test_reconcile.py", "-k", "learning_rate"),
   ),
+  Mutation(
+    "gguf: q/k rows un-permuted only when the tensor is block-quantized",
+    "paramreg_jax/_src/match/quantized.py",
+    "    if perm is not None:\n      rows = source.logical_shape(k)[0]\n",
+    "    if perm is not None and source.quantization(k) is None:\n      perm = None\n"
+    "    if perm is not None:\n      rows = source.logical_shape(k)[0]\n",
+    ("tests/test_quantized_models.py", "-k", "unquantized_llama"),
+  ),
+  Mutation(
+    "gguf: Gemma's norms keep llama.cpp's +1",
+    "paramreg_jax/_src/match/quantized.py",
+    "      form = ops.subtract_one(form)\n",
+    "      pass\n",
+    ("tests/test_quantized_models.py", "-k", "gemma2_norms"),
+  ),
+  Mutation(
+    "gguf: overlapping tensors accepted",
+    "paramreg_jax/_src/sources/gguf_format.py",
+    "    if start < last_stop:\n",
+    "    if False:\n",
+    ("tests/test_gguf_format.py", "-k", "overlap"),
+  ),
 )
 
 

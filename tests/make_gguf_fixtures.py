@@ -7,6 +7,15 @@
   ``llama-*.npz``: fixed ``input_ids``, the logits of ``transformers`` loading that very
   file and the q/k weights of its first layer as it reads them (``from_pretrained(..., gguf_file=...)``, which dequantizes it and undoes the
   permutation), in float32. ``config.json``: the Hugging Face config it loads as.
+* ``llama-f32.gguf``, ``llama-f16.gguf``, ``llama-bf16.gguf``: a smaller Llama stored
+  unquantized (q and k still permuted, as llama.cpp writes every Llama whatever the type),
+  ``llama-plain.npz`` its input ids and per-type logits from transformers' GGUF loader, and
+  ``llama-plain-config.json`` the config it loads as.
+* ``phi3-f32.gguf`` and ``phi3-q8_0.gguf``: a Phi-3 (``attn_qkv`` and a fused ``ffn_up`` of
+  ``[gate | up]``), ``phi3.npz`` and ``phi3-config.json`` likewise.
+* ``gemma2-f32.gguf`` and ``gemma2-q8_0.gguf``: a Gemma 2 (four norms per layer, stored with 1
+  added as llama.cpp stores them), ``gemma2-f32.npz``/``gemma2-q8_0.npz`` the parameters
+  transformers' GGUF loader reads from each (its ``state_dict``, float32).
 * ``fp8.safetensors``: a DeepSeek-V3 style FP8 matrix with ``weight_scale_inv`` 128 x 128
   block scales, and ``fp8_reference.npy``: ``weight_dequant`` of it (float32).
 * ``gpt_oss_moe.safetensors``: gpt-oss style MXFP4 experts (``*_blocks`` and ``*_scales``), and
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import gguf
 import numpy as np
@@ -181,8 +191,174 @@ def gpt_oss() -> None:
   print(f"gpt_oss_moe.safetensors: blocks {blocks.shape}, reference {tuple(ref.shape)}")
 
 
+SMALL = dict(SIZES, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+
+
+def _writer(path: pathlib.Path, arch: str, s: dict, head_dim: int) -> gguf.GGUFWriter:
+  w = gguf.GGUFWriter(str(path), arch)
+  w.add_name(f"tiny-{arch}")
+  w.add_context_length(s["max_position_embeddings"])
+  w.add_embedding_length(s["hidden_size"])
+  w.add_block_count(s["num_hidden_layers"])
+  w.add_feed_forward_length(s["intermediate_size"])
+  w.add_rope_dimension_count(head_dim)
+  w.add_head_count(s["num_attention_heads"])
+  w.add_head_count_kv(s["num_key_value_heads"])
+  w.add_layer_norm_rms_eps(s["rms_norm_eps"])
+  w.add_rope_freq_base(10000.0)
+  w.add_vocab_size(s["vocab_size"])
+  return w
+
+
+def _add(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], kind: str) -> None:
+  """Norms (1-D) stay F32 as llama.cpp keeps them; matrices in ``kind``."""
+  qtype = gguf.GGMLQuantizationType[kind]
+  for name, value in tensors.items():
+    if value.ndim == 1 or kind == "F32":
+      w.add_tensor(name, value.astype(np.float32))
+    elif kind == "F16":
+      w.add_tensor(name, value.astype(np.float16))
+    else:
+      w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def _logits(name: str, ids: np.ndarray, **config: Any) -> tuple[np.ndarray, Any]:
+  loaded = tf.AutoModelForCausalLM.from_pretrained(
+    OUT, gguf_file=name, dtype=torch.float32, attn_implementation="eager", **config
+  ).eval()
+  with torch.no_grad():
+    return loaded(input_ids=torch.tensor(ids).long()).logits.float().numpy(), loaded
+
+
+def _randomized(model: Any) -> Any:
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.ndim == 1:
+        p.add_(0.1 * torch.randn_like(p))
+  return model.eval()
+
+
+def plain_llama() -> None:
+  """A Llama in F32, F16 and BF16: q and k permuted exactly as in a quantized file."""
+  torch.manual_seed(1)
+  model = _randomized(tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL)))
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  heads, kv = SMALL["num_attention_heads"], SMALL["num_key_value_heads"]
+  tensors = {
+    "token_embd.weight": sd["model.embed_tokens.weight"],
+    "output_norm.weight": sd["model.norm.weight"],
+    "output.weight": sd["lm_head.weight"],
+  }
+  for i in range(SMALL["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    tensors |= {
+      f"blk.{i}.attn_norm.weight": sd[p + "input_layernorm.weight"],
+      f"blk.{i}.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
+      f"blk.{i}.attn_q.weight": _permute(sd[p + "self_attn.q_proj.weight"], heads),
+      f"blk.{i}.attn_k.weight": _permute(sd[p + "self_attn.k_proj.weight"], kv),
+      f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
+      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+      f"blk.{i}.ffn_gate.weight": sd[p + "mlp.gate_proj.weight"],
+      f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
+      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
+    }
+  ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], size=(2, 7)).astype(np.int32)
+  out = {"input_ids": ids}
+  for kind in ("F32", "F16", "BF16"):
+    name = f"llama-{kind.lower()}.gguf"
+    _add(_writer(OUT / name, "llama", SMALL, SMALL["hidden_size"] // heads), tensors, kind)
+    out[kind], loaded = _logits(name, ids)
+    print(f"{name}: {(OUT / name).stat().st_size} bytes")
+  np.savez(OUT / "llama-plain.npz", **out)
+  (OUT / "llama-plain-config.json").write_text(
+    json.dumps(loaded.config.to_dict(), indent=1, default=str)
+  )
+
+
+def phi3() -> None:
+  """Phi-3: fused ``attn_qkv`` ([q | k | v]) and ``ffn_up`` ([gate | up]), as transformers'
+  own ``qkv_proj`` and ``gate_up_proj``; q and k not permuted (llama.cpp's NeoX rotary)."""
+  torch.manual_seed(2)
+  config = tf.Phi3Config(**SMALL, pad_token_id=0)
+  model = _randomized(tf.Phi3ForCausalLM(config))
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  tensors = {
+    "token_embd.weight": sd["model.embed_tokens.weight"],
+    "output_norm.weight": sd["model.norm.weight"],
+    "output.weight": sd["lm_head.weight"],
+  }
+  for i in range(SMALL["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    tensors |= {
+      f"blk.{i}.attn_norm.weight": sd[p + "input_layernorm.weight"],
+      f"blk.{i}.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
+      f"blk.{i}.attn_qkv.weight": sd[p + "self_attn.qkv_proj.weight"],
+      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+      f"blk.{i}.ffn_up.weight": sd[p + "mlp.gate_up_proj.weight"],
+      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
+    }
+  ids = np.random.default_rng(2).integers(3, SMALL["vocab_size"], size=(2, 7)).astype(np.int32)
+  out = {"input_ids": ids}
+  head_dim = SMALL["hidden_size"] // SMALL["num_attention_heads"]
+  for kind in ("F32", "Q8_0"):
+    name = f"phi3-{kind.lower()}.gguf"
+    _add(_writer(OUT / name, "phi3", SMALL, head_dim), tensors, kind)
+    out[kind], loaded = _logits(name, ids, pad_token_id=0)  # its default is past this vocab
+    print(f"{name}: {(OUT / name).stat().st_size} bytes")
+  np.savez(OUT / "phi3.npz", **out)
+  (OUT / "phi3-config.json").write_text(json.dumps(loaded.config.to_dict(), indent=1, default=str))
+
+
+def gemma2() -> None:
+  """Gemma 2: four norms per layer, written with 1 added (llama.cpp's ``Gemma2Model``); the
+  reference is every parameter transformers' GGUF loader reads back."""
+  torch.manual_seed(3)
+  s = dict(SMALL, head_dim=16, tie_word_embeddings=True)
+  model = _randomized(tf.Gemma2ForCausalLM(tf.Gemma2Config(**s)))
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  tensors = {
+    "token_embd.weight": sd["model.embed_tokens.weight"],
+    "output_norm.weight": sd["model.norm.weight"] + 1,
+  }
+  names = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+  }
+  for i in range(s["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    tensors |= {f"blk.{i}.{g}.weight": sd[p + h + ".weight"] + 1 for g, h in names.items()}
+    tensors |= {
+      f"blk.{i}.attn_q.weight": sd[p + "self_attn.q_proj.weight"],
+      f"blk.{i}.attn_k.weight": sd[p + "self_attn.k_proj.weight"],
+      f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
+      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+      f"blk.{i}.ffn_gate.weight": sd[p + "mlp.gate_proj.weight"],
+      f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
+      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
+    }
+  for kind in ("F32", "Q8_0"):
+    name = f"gemma2-{kind.lower()}.gguf"
+    w = _writer(OUT / name, "gemma2", s, s["head_dim"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    _add(w, tensors, kind)
+    loaded = tf.AutoModelForCausalLM.from_pretrained(OUT, gguf_file=name, dtype=torch.float32)
+    read = {k: v.detach().float().numpy() for k, v in loaded.state_dict().items()}
+    np.savez(OUT / f"gemma2-{kind.lower()}.npz", **read)
+    print(f"{name}: {(OUT / name).stat().st_size} bytes, {len(read)} parameters")
+
+
 if __name__ == "__main__":
+  import sys
+
   OUT.mkdir(parents=True, exist_ok=True)
-  llama()
-  fp8()
-  gpt_oss()
+  cases = {"llama": llama, "plain_llama": plain_llama, "phi3": phi3, "gemma2": gemma2}
+  cases |= {"fp8": fp8, "gpt_oss": gpt_oss}
+  for case in sys.argv[1:] or list(cases):
+    cases[case]()

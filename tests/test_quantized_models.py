@@ -85,7 +85,7 @@ def test_an_unknown_architectures_q_and_k_are_refused_not_guessed(tmp_path):
   target = hf.target(hf.STYLES["nnx"], shapes, arch, sizes)
   src = prj.GGUFSource(DATA / "llama-q8_0.gguf")
   config = {**src.config, "gguf_architecture": "someformer"}
-  with pytest.raises(prj.MatchError, match=r"attn_q\.weight: whether llama\.cpp permuted"):
+  with pytest.raises(prj.MatchError, match=r"attn_q\.weight: which conventions llama\.cpp"):
     prj.match(target, src, config=config)
 
 
@@ -159,7 +159,7 @@ def test_the_values_view_reads_what_transformers_reads():
   from paramreg_jax._src.match import quantized
 
   src = prj.GGUFSource(DATA / "llama-q8_0.gguf")
-  view = quantized.ValuesView(src, *quantized.stored_forms(src))
+  view = quantized.ValuesView(src, quantized.stored_forms(src))
   ref = np.load(DATA / "llama-q8_0.npz")
   assert view.metadata("blk.0.attn_q.weight").shape == (256, 256)
   np.testing.assert_array_equal(view.lease("blk.0.attn_q.weight").read(), ref["q_proj_0"])
@@ -171,7 +171,110 @@ def test_tensors_merely_named_blocks_and_scales_are_not_taken_for_mxfp4():
   plain = prj.MemorySource(
     {"conv_blocks": np.ones((4, 3), np.float32), "conv_scales": np.ones(4, np.float32)}
   )
-  assert quantized.stored_forms(plain) == ({}, set())
+  assert quantized.stored_forms(plain) == quantized.Forms()
   packed = prj.SafetensorsSource(DATA / "gpt_oss_moe.safetensors")
-  forms, hidden = quantized.stored_forms(packed)
-  assert list(forms) == ["model.layers.0.mlp.experts.down_proj"] and len(hidden) == 2
+  forms = quantized.stored_forms(packed)
+  assert list(forms.forms) == ["model.layers.0.mlp.experts.down_proj"] and len(forms.hidden) == 2
+
+
+def _case(config_name):
+  config = json.loads((DATA / config_name).read_text())
+  arch = hf.ARCHS[config["model_type"]]
+  sizes = hf.Sizes.of(config, arch)
+  return arch, sizes, hf.with_head(hf.canonical_shapes(arch, sizes), arch, sizes)
+
+
+def _restore_and_run(style_name, gguf_name, arch, sizes, shapes, ids):
+  style = hf.STYLES[style_name]
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+  target = _sharded(hf.target(style, shapes, arch, sizes), mesh)
+  src = prj.GGUFSource(DATA / gguf_name)
+  restored = prj.restore(target, src, recipes=prj.match(target, src))  # no hint
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  return np.asarray(hf.forward(arch, sizes, weights, ids)), weights
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("style_name", ["nnx", "flax"])
+def test_an_unquantized_llama_gguf_has_its_q_and_k_rows_put_back(kind, style_name):
+  """llama.cpp permutes q and k whatever the storage type: an F32, F16 or BF16 file restores
+  as transformers' GGUF loader reads it (the permutation was once undone only for blocks)."""
+  arch, sizes, shapes = _case("llama-plain-config.json")
+  ref = np.load(DATA / "llama-plain.npz")
+  got, _ = _restore_and_run(
+    style_name, f"llama-{kind.lower()}.gguf", arch, sizes, shapes, ref["input_ids"]
+  )
+  np.testing.assert_allclose(got, ref[kind], atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("kind", ["F32", "Q8_0"])
+@pytest.mark.parametrize("style_name", ["nnx", "flax"])
+def test_a_phi3_gguf_splits_its_fused_qkv_and_gate_up_for_a_model_with_separate_ones(
+  kind, style_name
+):
+  arch, sizes, shapes = _case("phi3-config.json")
+  ref = np.load(DATA / "phi3.npz")
+  got, _ = _restore_and_run(
+    style_name, f"phi3-{kind.lower()}.gguf", arch, sizes, shapes, ref["input_ids"]
+  )
+  np.testing.assert_allclose(got, ref[kind], atol=2e-4, rtol=2e-4)
+
+
+_GEMMA2_NORMS = {  # transformers' name -> a target's name, in three styles of naming
+  "gguf": ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"),
+  "user": ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm"),
+  "hf": (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+  ),
+}
+_HF_NORMS = _GEMMA2_NORMS["hf"]
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+@pytest.mark.parametrize("naming", sorted(_GEMMA2_NORMS))
+def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, naming):
+  """Gemma 2's GGUF stores every norm weight + 1 and names its four norms in its own words:
+  each restores to what transformers' GGUF loader reads, into targets named as the GGUF, as a
+  user would, or as transformers does."""
+  src = prj.GGUFSource(DATA / f"gemma2-{kind}.gguf")
+  ref = np.load(DATA / f"gemma2-{kind}.npz")
+  layers, hidden, ffn, heads, kv, head_dim, vocab = 2, 64, 128, 4, 2, 16, 64
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
+  norms = {name: {"scale": f32(layers, hidden)} for name in _GEMMA2_NORMS[naming]}
+  target = {
+    "embed": {"embedding": f32(vocab, hidden)},
+    "final_norm": {"scale": f32(hidden)},
+    "layers": {
+      **norms,
+      "attn": {
+        "q": {"kernel": f32(layers, hidden, heads * head_dim)},
+        "k": {"kernel": f32(layers, hidden, kv * head_dim)},
+        "v": {"kernel": f32(layers, hidden, kv * head_dim)},
+        "o": {"kernel": f32(layers, heads * head_dim, hidden)},
+      },
+      "mlp": {
+        "gate": {"kernel": f32(layers, hidden, ffn)},
+        "up": {"kernel": f32(layers, hidden, ffn)},
+        "down": {"kernel": f32(layers, ffn, hidden)},
+      },
+    },
+  }
+  out = prj.restore(target, src, recipes=prj.match(target, src))  # no hint
+  np.testing.assert_array_equal(np.asarray(out["final_norm"]["scale"]), ref["model.norm.weight"])
+  np.testing.assert_array_equal(
+    np.asarray(out["embed"]["embedding"]), ref["model.embed_tokens.weight"]
+  )
+  for i in range(layers):
+    p = f"model.layers.{i}."
+    for name, hf_name in zip(_GEMMA2_NORMS[naming], _HF_NORMS):
+      got = np.asarray(out["layers"][name]["scale"][i])
+      np.testing.assert_array_equal(got, ref[p + hf_name + ".weight"], err_msg=name)
+    for part in "qkvo":
+      got = np.asarray(out["layers"]["attn"][part]["kernel"][i])
+      np.testing.assert_array_equal(got, ref[p + f"self_attn.{part}_proj.weight"].T)
+    for part in ("gate", "up", "down"):
+      got = np.asarray(out["layers"]["mlp"][part]["kernel"][i])
+      np.testing.assert_array_equal(got, ref[p + f"mlp.{part}_proj.weight"].T)

@@ -122,15 +122,22 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
     hidden // heads if hidden and heads else None
   )
   tied = config.get("tie_word_embeddings")
+  convention = "same" if model_type in _CONV1D_TYPES else "t"
+  gate_up = _GATE_UP_LAYOUTS.get(model_type)
+  if config.get("gguf_architecture"):
+    # llama.cpp's converter writes every matrix [out, in] (GPT-2's Conv1D transposed), every
+    # fused qkv as [q | k | v] (Bloom's and Falcon's per-head layouts reordered) and a fused
+    # ffn_up as [gate | up]: the file's layout, whatever the Hugging Face model's was
+    convention, qkv, gate_up = "t", "contiguous", "contiguous"
   return Facts(
     model_type=model_type,
     heads=heads,
     kv_heads=kv,
     head_dim=head_dim,
     tied=tied if isinstance(tied, bool) else None,
-    convention="same" if model_type in _CONV1D_TYPES else "t",
+    convention=convention,
     qkv_layout=qkv,
-    gate_up_layout=_GATE_UP_LAYOUTS.get(model_type),
+    gate_up_layout=gate_up,
     post_norms=model_type in _POST_NORM_TYPES,
   )
 
@@ -263,7 +270,7 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
   - ``mlp.gate`` beside ``mlp.experts`` is the router of a mixture of experts (transformers 5
     stores Mixtral and Qwen-MoE this way), not a gate projection.
   """
-  post = facts.post_norms or any("pre_feedforward_layernorm" in k for k in src)
+  post = facts.post_norms or any(_PRE_FFN in k for k in src)
   moe = any(".experts." in k for k in src)
   if not (post or moe):
     return
@@ -276,6 +283,21 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
 
 
 _ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$")
+_PRE_FFN = "pre_feedforward_layernorm"
+
+
+def target_concepts(name: str, slot_names: list[str], facts: Facts) -> Concepts:
+  """A target parameter's concepts, with the role of a norm named as transformers names
+  Gemma 2's: its ``post_attention_layernorm`` is the attention's post-norm where the
+  checkpoint's model type says so or the target has a ``pre_feedforward_layernorm`` too."""
+  c = concepts(name)
+  if "post_attention_layernorm" in name and (
+    facts.post_norms or any(_PRE_FFN in n for n in slot_names)
+  ):
+    return dataclasses.replace(c, tokens=frozenset((c.tokens - {"mlp"}) | {"attn", "post"}))
+  return c
+
+
 # Concepts of a projection: a bare name (no kind word, like Meta's ``wq``) is a linear weight only
 # with one of these; a bare ``A_log`` or ``D`` (an SSM's state parameters) is not.
 _PROJECTIONS = frozenset(

@@ -70,10 +70,10 @@ def match(
   """
   source_lib.check_source(source, "match")
   stored = source
-  forms, hidden = quantized.stored_forms(source, config)
-  if forms:  # decided on values, read as stored (match/quantized.py)
+  forms = quantized.stored_forms(source, config)
+  if forms.values_differ:  # decided on values, read as stored (match/quantized.py)
     quantized.check_forms(forms, source)
-    source = quantized.ValuesView(source, forms, hidden)
+    source = quantized.ValuesView(source, forms)
   slots = _slots(target)
   if hints is not None and not isinstance(hints, Mapping):
     raise TypeError(
@@ -90,12 +90,11 @@ def match(
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   if stored is not source:
-    facts = {**(getattr(stored, "config", None) or {}), **(config or {})}
-    ordered = _read_stored(ordered, source, facts, problems)
+    ordered = _read_stored(ordered, source, problems)
   ignored = [k for k in keys if k not in used]
   if stored is not source:  # what the weights read is used; activation scales are not
     reads = {k for p in ordered if p.recipe is not None for k in inference.source_keys(p.recipe)}
-    ignored += sorted(k for k in hidden if k not in reads)
+    ignored += sorted(k for k in forms.hidden if k not in reads)
   if not problems:
     problems += _unused_layers(ignored, ck)
   result = Match(ordered, ignored, stored, ck.facts.rows(), changed)
@@ -118,9 +117,7 @@ def match(
   return result
 
 
-def _read_stored(
-  ordered: list[Proposal], view: Any, config: dict[str, Any], problems: list[str]
-) -> list[Proposal]:
+def _read_stored(ordered: list[Proposal], view: Any, problems: list[str]) -> list[Proposal]:
   """The proposals made on a quantized source's values, reading what it stores."""
   out = []
   for p in ordered:
@@ -128,7 +125,7 @@ def _read_stored(
       out.append(p)
       continue
     try:
-      recipe = quantized.to_stored(p.recipe, view, config)
+      recipe = quantized.to_stored(p.recipe, view)
       out.append(dataclasses.replace(p, recipe=recipe, keys=inference.source_keys(recipe)))
     except ValueError as e:
       problems.append(f"{p.target}: {e}")
@@ -146,11 +143,13 @@ def _decide(
   them: ``match`` runs it once more without hints to report what the hints changed)."""
   proposals = {n: Proposal(n, r, "hint", inference.source_keys(r)) for n, r in recipe_hints.items()}
   ranked: dict[str, list[cand_lib.Candidate]] = {}
+  names = [s.name for s in slots]
   for slot in slots:
     if slot.name in name_hints:
       ranked[slot.name] = _hinted(slot, name_hints[slot.name], ck)
     elif slot.name not in proposals:
-      ranked[slot.name] = cand_lib.candidates(concepts(slot.name), tuple(slot.shape), ck)
+      tc = evidence.target_concepts(slot.name, names, ck.facts)
+      ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), ck)
   problems = [ck.conflict] if ck.conflict else []
   problems += decide.choose(slots, ranked, proposals, ck, frozenset(name_hints))
   used = {k for p in proposals.values() for k in p.keys}

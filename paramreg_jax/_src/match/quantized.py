@@ -1,17 +1,22 @@
-"""``match`` on a quantized checkpoint: decided on values, read as stored.
+"""``match`` on a checkpoint whose tensors are not their values: decided on values, read as
+stored.
 
 A quantized checkpoint stores a weight as more than its values: GGUF block rows, an FP8 tensor
 and its ``weight_scale_inv`` (or ``weight_scale``), gpt-oss's ``*_blocks`` and ``*_scales``.
-``match`` sees it through :class:`ValuesView`: each such weight is one tensor, under the name
-of its values, with its shape in values and a float32 dtype, so names, shapes and layouts are
-decided as for any checkpoint. :func:`to_stored` then rewrites each proposal to read what is
-stored (``dequantize``, ``scale_blocks``, ``mxfp4``), and puts back the rows of q and k that
-llama.cpp permuted for its rotary layout (llama-family GGUF files; for a GGUF architecture
-whose permutation is not known, q and k are refused, never guessed).
+A GGUF file also stores some weights *transformed* by llama.cpp's converter, whatever the
+storage type (F32, F16, BF16 or any block format): the rows of q and k permuted for its rotary
+layout (llama-family files), Gemma's and Nemotron's norm weights with 1 added, Mamba's ``A`` as
+``-exp(A_log)``. ``match`` sees such a checkpoint through :class:`ValuesView`: each weight is
+one tensor, under the name of its values, with its shape in values, so names, shapes and
+layouts are decided as for any checkpoint. :func:`to_stored` then rewrites each proposal to
+read what is stored: the recipe of each tensor's values is decided once, per tensor, from the
+file's own metadata (:func:`stored_forms`), and a convention that is not known for the file's
+architecture is refused for the tensors it concerns, never guessed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -22,42 +27,125 @@ from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import gguf as gguf_source
 from paramreg_jax._src.sources import selection as sel_lib
 
-# llama.cpp's converter permutes the rows of q and k for these architectures (its LlamaModel
-# family), and not for these others
+# llama.cpp's converter permutes the rows of q and k (weights and biases) for these
+# architectures (its LlamaModel family), and not for these others
 PERMUTED = frozenset({"llama"})
-NOT_PERMUTED = frozenset({"qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"})
-_QK = re.compile(r"^blk\.\d+\.attn_([qk])\.weight$")
+NOT_PERMUTED = frozenset(
+  {
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "gpt2",
+    "bloom",
+    "falcon",
+    "stablelm",
+    "starcoder2",
+    "mamba",
+    "mamba2",
+    "t5",
+    "t5encoder",
+    "nemotron",
+  }
+)
+# ... and stores every ``*norm.weight`` with 1 added for these (transformers subtracts it)
+NORM_PLUS_ONE = frozenset({"gemma", "gemma2", "gemma3", "nemotron"})
+# ... and an SSM's ``A_log`` as ``A = -exp(A_log)`` for these (transformers takes log(-A))
+NEG_EXP_A = frozenset({"mamba", "mamba2"})
+_QK = re.compile(r"^blk\.\d+\.attn_([qk])\.(weight|bias)$")
+_NORM = re.compile(r"norm\.weight$")
+_SSM_A = re.compile(r"^blk\.\d+\.ssm_a$")
+# ... and keeps Phi-3's fused gate_up_proj as ffn_up ([gate | up]): the view names it for what
+# it holds, so it is split for a model with gate and up of its own
+_FUSED_UP = {"phi3": (re.compile(r"^(blk\.\d+\.ffn)_up\.weight$"), r"\1_gate_up.weight")}
 _SCALE_SUFFIXES = ("_scale_inv", "_scale")  # DeepSeek-V3; compressed-tensors
 _ACTIVATION_SCALES = re.compile(r"(^|\.)input_scale$")  # FP8 activation scales: not weights
 
 
-def stored_forms(source: Any, config: Any = None) -> tuple[dict[str, ops.Recipe], set[str]]:
-  """``({weight name: the recipe that reads its values}, keys no weight reads)`` of a quantized
-  checkpoint; empty when nothing is quantized."""
+@dataclasses.dataclass
+class Forms:
+  """How a checkpoint's weights are read as values.
+
+  Attributes:
+    forms: ``{weight name: the recipe of its values}`` where that is not a plain read.
+    hidden: keys that are part of another weight (scales), not weights of their own.
+    refused: ``{weight name: why its values cannot be read}`` (an unknown convention).
+    values_differ: whether the checkpoint is to be seen through a :class:`ValuesView`.
+  """
+
+  forms: dict[str, ops.Recipe] = dataclasses.field(default_factory=dict)
+  hidden: set[str] = dataclasses.field(default_factory=set)
+  refused: dict[str, str] = dataclasses.field(default_factory=dict)
+  values_differ: bool = False
+
+
+def stored_forms(source: Any, config: Any = None) -> Forms:
+  """How ``source``'s weights are read as values: every tensor of a GGUF file (its
+  conventions undone, whatever its storage type), FP8 weights with their scales, gpt-oss's
+  MXFP4 pairs; empty for a checkpoint of plain values."""
+  if isinstance(source, gguf_source.GGUFSource):
+    return _gguf_forms(source, {**source.config, **dict(config or {})})
   keys = list(source.keys())
-  quantization = getattr(source, "quantization", None)
-  if callable(quantization):  # GGUF: block rows
-    return {k: ops.dequantize(ops.Source(k), q) for k in keys if (q := quantization(k))}, set()
   have = set(keys)
-  forms: dict[str, ops.Recipe] = {}
-  hidden: set[str] = set()
+  out = Forms()
   block = _block_size(config if config is not None else getattr(source, "config", None))
   for k in keys:
     dtype = source_lib.metadata_of(source, k).dtype
     if dtype.itemsize == 1 and dtype.kind == "V" and "e8m0" not in dtype.name:  # float8
       scale = next((k + s for s in _SCALE_SUFFIXES if k + s in have), None)
       if scale is not None:
-        forms[k] = ops.scale_blocks(ops.Source(k), ops.Source(scale), block)
-        hidden.add(scale)
+        out.forms[k] = ops.scale_blocks(ops.Source(k), ops.Source(scale), block)
+        out.hidden.add(scale)
     name = k.removesuffix("_blocks")
     if name != k and name + "_scales" in have and _mxfp4_pair(source, k, name + "_scales"):
-      forms[name] = ops.mxfp4(ops.Source(k), ops.Source(name + "_scales"))
-      hidden |= {k, name + "_scales"}
-  if forms:
-    hidden |= {k for k in keys if _ACTIVATION_SCALES.search(k)}
-  return forms, hidden
+      out.forms[name] = ops.mxfp4(ops.Source(k), ops.Source(name + "_scales"))
+      out.hidden |= {k, name + "_scales"}
+  if out.forms:
+    out.hidden |= {k for k in keys if _ACTIVATION_SCALES.search(k)}
+    out.values_differ = True
+  return out
+
+
+def _gguf_forms(source: gguf_source.GGUFSource, config: dict[str, Any]) -> Forms:
+  """Each GGUF tensor's values: its rows un-permuted, its blocks dequantized, its +1 or
+  ``-exp`` undone, as the file's architecture says llama.cpp stored it."""
+  arch = config.get("gguf_architecture")
+  out = Forms(values_differ=True)
+  unknown = _unknown_architecture(arch)
+  for k in source.keys():
+    if unknown:
+      out.refused[k] = f"{k}: {unknown}"
+    perm = rows_permutation(k, config)
+    if isinstance(perm, str):  # matched on its shape, refused when a proposal reads it
+      out.refused.setdefault(k, perm)
+      perm = None
+    read: ops.Recipe = ops.Source(k)
+    if perm is not None:
+      rows = source.logical_shape(k)[0]
+      read = ops.Source(k, sel_lib.Indices(0, _unpermute(rows, perm)))
+    fmt = source.quantization(k)
+    form = ops.dequantize(read, fmt) if fmt else read
+    if arch in NORM_PLUS_ONE and _NORM.search(k):
+      form = ops.subtract_one(form)
+    elif arch in NEG_EXP_A and _SSM_A.match(k):
+      form = ops.neg_log(form)
+    shown = k
+    fused = _FUSED_UP.get(str(arch))
+    if fused is not None and fused[0].match(k):
+      shown = fused[0].sub(fused[1], k)
+      out.hidden.add(k)
+      if k in out.refused:
+        out.refused[shown] = out.refused[k]
+    if form != ops.Source(shown):
+      out.forms[shown] = form
+  return out
 
 
 def _mxfp4_pair(source: Any, blocks: str, scales: str) -> bool:
@@ -73,10 +161,10 @@ def _mxfp4_pair(source: Any, blocks: str, scales: str) -> bool:
   )
 
 
-def check_forms(forms: dict[str, ops.Recipe], source: Any) -> None:
+def check_forms(forms: Forms, source: Any) -> None:
   """Every weight's values can be read, or a ``MatchError`` naming each that cannot."""
   problems = []
-  for name, form in forms.items():
+  for name, form in forms.forms.items():
     try:
       inference.infer(form, source)
     except errors.RecipeError as e:
@@ -102,14 +190,15 @@ def _block_size(config: Any) -> tuple[int, ...] | None:
 
 
 class ValuesView(source_lib.BaseSource):
-  """A quantized source as its weights' values: one float32 tensor per weight."""
+  """A checkpoint as its weights' values: one tensor per weight (float32 where dequantized)."""
 
-  def __init__(self, source: Any, forms: dict[str, ops.Recipe], hidden: set[str]):
+  def __init__(self, source: Any, forms: Forms):
     super().__init__()
     self.source = source
-    self.forms = forms
-    shown = [k for k in source.keys() if k not in hidden and k not in forms]
-    self._keys = tuple(sorted({*shown, *forms}))
+    self.forms = forms.forms
+    self.refused = forms.refused
+    shown = [k for k in source.keys() if k not in forms.hidden and k not in self.forms]
+    self._keys = tuple(sorted({*shown, *self.forms}))
 
   def keys(self) -> tuple[str, ...]:
     return self._keys
@@ -118,12 +207,13 @@ class ValuesView(source_lib.BaseSource):
     form = self.forms.get(key)
     if form is None:
       return source_lib.metadata_of(self.source, key)
-    return source_lib.TensorMetadata(inference.infer(form, self.source).shape, np.dtype(np.float32))
+    meta = inference.infer(form, self.source)
+    return source_lib.TensorMetadata(meta.shape, meta.dtype)
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     from paramreg_jax._src.restore import evaluate
 
-    recipe = to_stored(ops.Source(key), self, dict(self.config or {}))
+    recipe = to_stored(ops.Source(key), self)
     return evaluate.evaluate(recipe, self.source, sel_lib.region_slices(region))
 
   @property
@@ -134,20 +224,25 @@ class ValuesView(source_lib.BaseSource):
     return repr(self.source)
 
 
+def _unknown_architecture(arch: Any) -> str | None:
+  """Why no tensor of a GGUF file of architecture ``arch`` can be read as values, or None."""
+  if arch in PERMUTED | NOT_PERMUTED:
+    return None
+  return (
+    f"which conventions llama.cpp's converter applied to the GGUF architecture {arch!r} (q/k "
+    "rows permuted for its rotary layout, norms stored with 1 added, ...) is not known here "
+    f"(known: {', '.join(sorted(PERMUTED | NOT_PERMUTED))}); nothing is guessed: give its "
+    "recipe as a hint, or restore with recipes of your own"
+  )
+
+
 def rows_permutation(key: str, config: dict[str, Any]) -> int | str | None:
   """The head count whose rotary halves llama.cpp interleaved in ``key``'s rows (None: not
   permuted), or a problem."""
   m = _QK.match(key)
   arch = config.get("gguf_architecture")
-  if m is None or arch in NOT_PERMUTED:
+  if m is None or arch not in PERMUTED:
     return None
-  if arch not in PERMUTED:
-    return (
-      f"{key}: whether llama.cpp permuted the rows of q and k for its rotary layout is not "
-      f"known for the GGUF architecture {arch!r} (known: {', '.join(sorted(PERMUTED))} "
-      f"permuted; {', '.join(sorted(NOT_PERMUTED))} not); nothing is guessed: give its recipe "
-      "as a hint"
-    )
   heads = config.get("num_attention_heads" if m.group(1) == "q" else "num_key_value_heads")
   if not isinstance(heads, int) or heads <= 0:
     return f"{key}: the GGUF metadata gives no head count, so its permuted rows cannot be undone"
@@ -160,28 +255,22 @@ def _unpermute(rows: int, heads: int) -> tuple[int, ...]:
   return tuple(h * 2 * dim + d * 2 + j for h in range(heads) for j in range(2) for d in range(dim))
 
 
-def to_stored(recipe: ops.Recipe, view: ValuesView, config: dict[str, Any]) -> ops.Recipe:
+def to_stored(recipe: ops.Recipe, view: ValuesView) -> ops.Recipe:
   """``recipe`` over the view's values rewritten to read what is stored.
 
   Raises:
-    ValueError: a permutation that cannot be undone (the message names the tensor).
+    ValueError: a tensor whose values cannot be read (the message names it).
   """
 
   def stored_source(node: ops.Source) -> ops.Recipe:
+    problem = view.refused.get(node.key)
+    if problem is not None:
+      raise ValueError(problem)
     form = view.forms.get(node.key)
-    gguf = callable(getattr(view.source, "quantization", None))
-    perm = rows_permutation(node.key, config) if gguf else None
-    if isinstance(perm, str):
-      raise ValueError(perm)
-    inner = form if form is not None else ops.Source(node.key)
-    if perm is not None:
-      rows = view.metadata(node.key).shape[0]
-      picked = ops.Source(node.key, sel_lib.Indices(0, _unpermute(rows, perm)))
-      inner = cand_lib.map_sources(inner, lambda s: picked if s.key == node.key else s)
-    if isinstance(node.selection, sel_lib.Full):
-      return inner
-    if form is None and perm is None:
+    if form is None:
       return node
-    return ops.select(inner, node.selection)
+    if isinstance(node.selection, sel_lib.Full):
+      return form
+    return ops.select(form, node.selection)
 
   return cand_lib.map_sources(recipe, stored_source)

@@ -60,7 +60,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{f"b{p}": (c, "b") for p, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"))},
   **{w: ("qkv",) for w in ("qkv", "qkv_proj", "c_attn", "query_key_value", "wqkv")},
   # mlp
-  **{w: ("mlp",) for w in ("mlp", "ffn", "feed_forward", "feedforward", "densereludense")},
+  **{w: ("mlp",) for w in ("mlp", "ffn", "ffw", "feed_forward", "feedforward", "densereludense")},
   **{w: ("gate",) for w in ("gate", "gate_proj", "w1")},
   **{w: ("up",) for w in ("up", "up_proj", "w3", "fc1", "fc_in", "c_fc", "lin1", "dense_h_to_4h")},
   **{w: ("down",) for w in ("down", "down_proj", "w2", "fc2", "fc_out", "lin2", "dense_4h_to_h")},
@@ -137,6 +137,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "blk": ("layers",),
   "token_embd": ("embed",),
   "attn_output": ("attn", "o"),
+  "ffn_gate_up": ("mlp", "gate_up"),
   "output_norm": ("final", "norm"),
   "embed_out": ("head",),  # GPT-NeoX
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed")},

@@ -40,6 +40,13 @@ def check_source(source: Any, where: str) -> None:
     )
 
 
+def quantization_of(source: Any, key: str) -> str | None:
+  """The block format ``source`` records for ``key``, or None (plain values, or a source that
+  records none)."""
+  record = getattr(source, "quantization", None)
+  return record(key) if callable(record) else None
+
+
 def metadata_of(source: Any, key: str) -> TensorMetadata:
   """``source.metadata(key)``, checked: a duck-typed source must return a shape and a dtype."""
   meta = source.metadata(key)
@@ -262,6 +269,12 @@ class BaseSource:
   def _physical_bytes(self, key: str, region: sel_lib.Region) -> int:
     """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
     return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
+
+  def quantization(self, key: str) -> str | None:
+    """The block format ``key`` is stored in (``"Q4_K"``), or None for plain values (the
+    default: a source of plain tensors). ``dequantize`` refuses any other format for it."""
+    del key
+    return None
 
   def prepare(self, keys: Sequence[str]) -> None:
     """Called once before reading ``keys``: a source may open them all at once (orbax does,

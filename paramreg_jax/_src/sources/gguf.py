@@ -1,8 +1,8 @@
 """``GGUFSource``: a llama.cpp ``.gguf`` file, its tensors and its metadata.
 
-The header (metadata, tensor names, types, shapes, offsets) is read by the ``gguf`` package's
-own reader and checked against the file: every tensor's bytes must lie inside it, whole blocks
-of its type. Payload reads are positional reads of the rows a region needs (as for
+The header (metadata, tensor names, types, shapes, offsets) is parsed from the open file itself
+(``gguf_format``): every count bounded by the file, tensors aligned, inside the file, whole
+blocks of their type and never overlapping. Payload reads are positional reads of the rows a region needs (as for
 safetensors, no memory map is kept), so a row range of a quantized tensor reads only its
 blocks.
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import gguf_format
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
 
@@ -65,8 +66,9 @@ class GGUFSource(source_lib.BaseSource):
     path: the ``.gguf`` file.
 
   Raises:
-    MalformedGGUFError: not a GGUF file, a truncated one, or a tensor whose bytes are not
-      inside the file (nothing is read from it).
+    MalformedGGUFError: not a GGUF file, a truncated or damaged one (a count larger than the
+      file can hold, duplicate names), or a tensor whose bytes are not inside the file, not
+      aligned or shared with another tensor (nothing is read from it).
 
   Examples:
     >>> import os, tempfile
@@ -93,7 +95,7 @@ class GGUFSource(source_lib.BaseSource):
     self.path = pathlib.Path(path)
     self._file = stores.LocalFile(self.path)
     try:
-      self._entries, self._fields = _parse(self.path, self._file.size)
+      self._entries, self._fields = _parse(self.path, self._file)
     except BaseException:
       self._file.close()
       raise
@@ -158,37 +160,37 @@ class GGUFSource(source_lib.BaseSource):
     return f"GGUFSource({str(self.path)!r}, {len(self._entries)} tensors)"
 
 
-def _parse(path: pathlib.Path, size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-  """``({key: (metadata, offset, format, logical shape)}, {field: value})`` from the header."""
+def _parse(path: pathlib.Path, file: stores.LocalFile) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``({key: (metadata, offset, format, logical shape)}, {field: value})`` from the header,
+  read through ``file`` (the descriptor the tensors are read from)."""
   try:
     import gguf
   except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError(
       "GGUFSource needs the gguf package: pip install 'paramreg-jax[gguf]'"
     ) from None
+  size = file.size
+  header = gguf_format.parse(file, size, str(path))
+  entries = {t.name: _entry(path, t, gguf) for t in header.tensors}
+  gguf_format.check_layout(
+    str(path), [(k, e[1], e[1] + e[0].nbytes) for k, e in entries.items()], size
+  )
+  return entries, header.fields
+
+
+def _entry(path: pathlib.Path, tensor: gguf_format.TensorInfo, gguf: Any) -> tuple[Any, ...]:
+  """One tensor's catalog entry: its stored metadata, offset, format and shape in values."""
+  name = tensor.name
   try:
-    reader = gguf.GGUFReader(path)
-  except (ValueError, KeyError, IndexError, OSError) as e:
+    kind_type = gguf.GGMLQuantizationType(tensor.type_id)
+  except ValueError:
     raise errors.MalformedGGUFError(
-      f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); nothing was read from it"
+      f"{path}: tensor {name!r} has GGUF type {tensor.type_id}, which no GGUF reader knows; "
+      "nothing was read from it"
     ) from None
-  entries = {}
-  for tensor in reader.tensors:
-    entries[tensor.name] = _entry(path, size, tensor, gguf)
-  fields = {  # token lists are left unread: a vocabulary of 128k strings is not config
-    name: _value(field)
-    for name, field in reader.fields.items()
-    if not name.startswith(("GGUF.", "tokenizer.ggml."))
-  }
-  del reader  # its memory map: reads go through the open file
-  return entries, fields
-
-
-def _entry(path: pathlib.Path, size: int, tensor: Any, gguf: Any) -> tuple[Any, ...]:
-  """One tensor's catalog entry, checked against the file."""
-  name, kind = tensor.name, tensor.tensor_type.name
-  logical = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-  block, nbytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+  kind = kind_type.name
+  logical = tuple(int(d) for d in reversed(tensor.dims))
+  block, nbytes = gguf.GGML_QUANT_SIZES[kind_type]
   if logical and logical[-1] % block:
     raise errors.MalformedGGUFError(
       f"{path}: tensor {name!r}: rows of {logical[-1]} values are not whole {kind} blocks of "
@@ -201,18 +203,4 @@ def _entry(path: pathlib.Path, size: int, tensor: Any, gguf: Any) -> tuple[Any, 
     raw = (*logical[:-1], logical[-1] // block * nbytes) if logical else (nbytes,)
     meta = source_lib.TensorMetadata(raw, np.dtype(np.uint8))
     quant = kind
-  offset = int(tensor.data_offset)
-  if offset + meta.nbytes > size:
-    raise errors.MalformedGGUFError(
-      f"{path}: tensor {name!r} ({kind}, {logical}) needs bytes {offset}..{offset + meta.nbytes}, "
-      f"but the file has {size} (truncated?); nothing was read from it"
-    )
-  return meta, offset, quant, logical
-
-
-def _value(field: Any) -> Any:
-  """A metadata field's value, or None where it cannot be decoded."""
-  try:
-    return field.contents()
-  except (ValueError, UnicodeDecodeError, IndexError):
-    return None
+  return meta, tensor.offset, quant, logical

@@ -12,6 +12,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.ops import source as source_op
 from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.sources import selection as sel_lib
 
@@ -39,6 +40,9 @@ class BlockPart(base.Unary):
   def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
     (m,) = inputs
     fmt = _splittable(self.format, self)
+    problem = source_op.recorded_format_problem(self.input, fmt.name, src, self)
+    if problem:
+      raise errors.QuantizedLayoutError(problem)
     if m.dtype != np.uint8 or not m.shape or m.shape[-1] % fmt.nbytes:
       raise errors.QuantizedLayoutError(
         f"{self}: needs rows of whole {fmt.name} blocks (uint8 [..., k * {fmt.nbytes}]), got {m}"

@@ -11,6 +11,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.ops import source as source_op
 from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.sources import selection as sel_lib
 
@@ -34,6 +35,9 @@ class Dequantize(base.Unary):
       raise errors.QuantizedLayoutError(
         f"{self}: dequantize reads rows of raw bytes (uint8 [..., bytes]), got {m}"
       )
+    problem = source_op.recorded_format_problem(self.input, fmt.name, src, self)
+    if problem:
+      raise errors.QuantizedLayoutError(problem)
     if m.shape[-1] % fmt.nbytes:
       raise errors.QuantizedLayoutError(
         f"{self}: rows of {m.shape[-1]} bytes are not whole {fmt.name} blocks of {fmt.nbytes} "
@@ -97,7 +101,8 @@ def dequantize(x: base.Recipe, format: str) -> Dequantize:
   Raises:
     TypeError: ``x`` is not a recipe.
     UnknownQuantizationError: an unknown ``format`` (at construction).
-    QuantizedLayoutError: (against a source) ``x`` is not ``uint8`` rows of whole blocks.
+    QuantizedLayoutError: (against a source) ``x`` is not ``uint8`` rows of whole blocks, or
+      reads a tensor the source records in another format (``GGUFSource.quantization``).
 
   Errors found against a source's metadata are raised by :func:`infer` and listed by
   :func:`~paramreg_jax.plan_restore` in its ``RestorePlanError``.

@@ -75,3 +75,22 @@ def source(key: str, selection: Any = None) -> Source:
   if not isinstance(key, str) or not key.strip():
     raise errors.EmptySourceKeyError(f"source({key!r}): the key must be a non-empty string")
   return Source(key, sel_lib.check_selection(selection))
+
+
+def recorded_format_problem(node: base.Recipe, fmt: str, src: Any, where: Any) -> str | None:
+  """Why reading ``node``'s bytes as ``fmt`` blocks contradicts the source, or None: a
+  tensor the source records in another format (a GGUF file's Q8_0 read as Q4_0) would be
+  decoded into garbage of the right shape."""
+  if isinstance(node, Source):
+    recorded = source_lib.quantization_of(src, node.key)
+    if recorded is not None and recorded != fmt:
+      return (
+        f"{where}: the checkpoint records {node.key!r} as {recorded} blocks, not {fmt}; "
+        f"read it with {recorded!r}"
+      )
+    return None
+  for child in node.children():
+    problem = recorded_format_problem(child, fmt, src, where)
+    if problem:
+      return problem
+  return None
