@@ -155,7 +155,14 @@ MUTATIONS = (
     "paramreg_jax/_src/sources/gguf_format.py",
     "    if start < last_stop:\n",
     "    if False:\n",
-    ("tests/test_gguf_format.py", "-k", "overlap"),
+    ("tests/test_gguf_format.py", "-k", "sharing_bytes"),
+  ),
+  Mutation(
+    "remote: Authorization follows a redirect that changes only the scheme",
+    "paramreg_jax/_src/sources/http_ranges.py",
+    '  if before[0] == "https" and after[0] != "https":\n',
+    "  before, after = before[1:], after[1:]\n  if False:\n",
+    ("tests/test_remote_security.py", "-k", "same_port"),
   ),
 )
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from paramreg_jax._src.sources import http_ranges
 from paramreg_jax._src.sources.http_ranges import OnHead
+from paramreg_jax._src.sources.pinning import Refused
 from paramreg_jax._src.sources.pinning import TooLarge
+from paramreg_jax._src.sources.pinning import Transient
 
 
 def get(
@@ -22,10 +25,12 @@ def get(
   deadline_seconds: float,
   method: str = "GET",
   cap: int | None = None,
+  ranged: bool = False,
 ) -> bytes:
-  """``method url`` with the filesystem's headers and ``headers``, following redirects; the
-  body (none for a HEAD, or when ``on_head`` says so), refused (``TooLarge``) once it passes
-  ``cap`` bytes while it streams."""
+  """``method url`` with the filesystem's headers and ``headers``, following redirects under
+  the standard-library reader's credential policy (``http_ranges.follow``); the body (none
+  for a HEAD, or when ``on_head`` says so), refused (``TooLarge``; ``Refused`` when
+  ``ranged``) once it passes ``cap`` bytes while it streams."""
   from fsspec.asyn import sync
 
   async def fetch() -> bytes:
@@ -36,19 +41,25 @@ def get(
     kw["timeout"] = aiohttp.ClientTimeout(
       total=deadline_seconds, sock_connect=timeout, sock_read=timeout
     )
-    sent = {**fs.kwargs.get("headers", {}), **headers}
+    target, sent = fs.encode_url(url), {**fs.kwargs.get("headers", {}), **headers}
     call = session.head if method == "HEAD" else session.get
-    # a HEAD follows redirects too (the Hub answers resolve URLs with one to its storage)
-    async with call(fs.encode_url(url), headers=sent, allow_redirects=True, **kw) as r:
-      if not on_head(r.status, r.reason, r.headers) or method == "HEAD":
-        return b""
-      if cap is None:
-        return await r.read()
-      body = bytearray()
-      async for chunk in r.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > cap:
-          raise TooLarge(f"more than {cap}")
-      return bytes(body)
+    for _ in range(http_ranges.MAX_REDIRECTS + 1):
+      async with call(target, headers=sent, allow_redirects=False, **kw) as r:
+        if r.status in http_ranges.REDIRECTS and r.headers.get("Location"):
+          target, sent = http_ranges.follow(str(target), r.headers["Location"], sent)
+          continue
+        if not on_head(r.status, r.reason, r.headers) or method == "HEAD":
+          return b""
+        if cap is None:
+          return await r.read()
+        body = bytearray()
+        async for chunk in r.content.iter_chunked(1 << 16):
+          body += chunk
+          if len(body) > cap:
+            if ranged:
+              raise Refused(f"the server sent more than the {cap} bytes asked for")
+            raise TooLarge(f"more than {cap}")
+        return bytes(body)
+    raise Transient(f"{url}: more than {http_ranges.MAX_REDIRECTS} redirects")
 
   return sync(fs.loop, fetch)

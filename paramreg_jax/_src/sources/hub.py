@@ -8,21 +8,36 @@ runs changes nothing it reads, and ``config.json`` is the one committed with the
 
 The Hub's address is ``HF_ENDPOINT`` (``https://huggingface.co`` by default) and the token is
 the one ``huggingface_hub`` finds (``HF_TOKEN``, or ``hf auth login``), or
-``storage_options={"token": ...}``.
+``storage_options={"token": ...}``. Every request, the revision lookup included, goes through
+the range reader's one credential policy (``http_ranges.follow``: the token only to the
+Hub's own origin, never over a downgrade to plain http) and one deadline. The repository id,
+the revision and the path are checked by the Hub's rules before anything is asked: no dot
+segments, encoded or not, ever reach a URL built here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.parse
 from typing import Any
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.sources import http_ranges
+from paramreg_jax._src.sources.pinning import Refused
+from paramreg_jax._src.sources.pinning import TooLarge
+from paramreg_jax._src.sources.pinning import Transient
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _TYPES = {"datasets": "datasets", "spaces": "spaces"}
+# the Hub's rule for an owner or a repository name: letters, digits, '-', '_' and '.', not
+# starting or ending with '-' or '.', no '--' or '..', at most 96 characters
+_NAME = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REVISION_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//|^/|/$|\.lock$|^\.|/\.")
+_ANSWER_CAP = 1 << 20  # a revision's JSON is a few KB
 
 
 def split(url: str) -> tuple[str, str, str, str]:
@@ -47,7 +62,34 @@ def split(url: str) -> tuple[str, str, str, str]:
     )
   name, _, revision = parts[1].partition("@")
   revision = urllib.parse.unquote(revision) or "main"
-  return kind, f"{parts[0]}/{name}", revision, "/".join(parts[2:])
+  for part, what in ((parts[0], "owner"), (name, "repository name")):
+    if not _NAME.match(part):
+      raise errors.StoreError(
+        f"{url}: {part!r} is not a Hub {what} (letters, digits, '-', '_' and '.', not "
+        "starting or ending with '-' or '.', no '--' or '..'); nothing was requested"
+      )
+  if _REVISION_FORBIDDEN.search(revision) or revision.endswith("."):
+    raise errors.StoreError(
+      f"{url}: {revision!r} is not a revision the Hub can name (a branch, tag or commit: no "
+      "'..', no segment starting with '.', no spaces or ~^:?*[\\); nothing was requested"
+    )
+  path = "/".join(parts[2:])
+  if _dot_segments(path):
+    raise errors.StoreError(
+      f"{url}: the path {path!r} has '.' or '..' segments (percent-encoded or not), which "
+      "would leave the repository; nothing was requested"
+    )
+  return kind, f"{parts[0]}/{name}", revision, path
+
+
+def _dot_segments(path: str) -> bool:
+  """Whether ``path``, decoded up to four times, has an empty, ``.`` or ``..`` segment."""
+  text = path
+  for _ in range(5):
+    if path and any(seg in ("", ".", "..") or "\\" in seg for seg in text.split("/")):
+      return True
+    text = urllib.parse.unquote(text)
+  return False
 
 
 def _settings(options: dict[str, Any] | None) -> tuple[str, str | None, dict[str, Any]]:
@@ -86,32 +128,38 @@ def pin(
   api = f"{endpoint}/api/{kind}/{repo}/revision/{urllib.parse.quote(revision, safe='')}"
   info = _get_json(url, api, headers, timeout, retries)
   commit = info.get("sha")
-  if not isinstance(commit, str) or not commit:
-    raise errors.SourceIOError(f"{url}: the Hub's answer for {api} names no commit (sha)")
+  if not isinstance(commit, str) or not _COMMIT.match(commit):
+    raise errors.SourceIOError(
+      f"{url}: the Hub's answer for {api} names no commit (a 40-hex sha): {commit!r:.60}"
+    )
   prefix = "" if kind == "models" else f"{kind}/"
   root = f"{endpoint}/{prefix}{repo}/resolve/{commit}"
   return f"{root}/{path}".rstrip("/"), {**rest, "headers": headers}, commit
 
 
+class _Status(Exception):
+  """A refusal the Hub answered, with its status and ``X-Error-Code``."""
+
+  def __init__(self, status: int, code: str):
+    super().__init__(f"HTTP {status}")
+    self.status, self.code = status, code
+
+
 def _get_json(
   url: str, api: str, headers: dict[str, str], timeout: float, retries: int
 ) -> dict[str, Any]:
-  """The Hub's JSON answer; 5xx, 429 and dropped connections are retried with backoff."""
-  import urllib.error
-
+  """The Hub's JSON answer; 5xx, 429, time-outs and dropped connections are retried with
+  backoff."""
   delay = 0.05
   for attempt in range(retries + 1):
     try:
       return _ask(url, api, headers, timeout)
-    except urllib.error.HTTPError as e:
-      if not (e.code == 429 or e.code >= 500) or attempt == retries:
-        raise errors.SourceIOError(
-          f"{url}: {api} answered HTTP {e.code} after {attempt + 1} attempt(s)"
-        ) from None
-    except urllib.error.URLError as e:
+    except (Transient, OSError, ConnectionError) as e:
       if attempt == retries:
+        kind = "timed out" if isinstance(e, TimeoutError) else f"failed ({e})"
         raise errors.SourceIOError(
-          f"{url}: could not ask the Hub for the commit after {attempt + 1} attempt(s) ({e.reason})"
+          f"{url}: asking the Hub for the commit ({api}) {kind} after {attempt + 1} "
+          f"attempt(s) (timeout {timeout:g} s)"
         ) from None
     time.sleep(delay)
     delay = min(2 * delay, 2.0)
@@ -120,32 +168,50 @@ def _get_json(
 
 def _ask(url: str, api: str, headers: dict[str, str], timeout: float) -> dict[str, Any]:
   """One request; a permanent refusal is a library error, a transient one is raised as is."""
-  import urllib.error
-  import urllib.request
 
-  request = urllib.request.Request(api, headers=headers)
+  def judge(status: int, reason: str, answer: Any) -> bool:
+    if status == 429 or status >= 500:
+      raise Transient(f"HTTP {status} {reason}")
+    if status != 200:
+      raise _Status(status, answer.get("X-Error-Code", "") or "")
+    return True
+
   try:
-    with urllib.request.urlopen(request, timeout=timeout) as r:
-      return json.loads(r.read(1 << 20))
-  except urllib.error.HTTPError as e:
-    if e.code == 429 or e.code >= 500:
-      raise
-    code = e.headers.get("X-Error-Code", "")
-    if e.code == 404 and code == "RevisionNotFound":
-      raise errors.MissingShardError(
-        f"{url}: the repository has no revision {split(url)[2]!r} (a branch, tag or commit)"
-      ) from None
-    if e.code in (401, 404) and code in ("RepoNotFound", ""):
-      raise errors.MissingShardError(
-        f"{url}: no such repository, or it is private and the token cannot see it "
-        "(HF_TOKEN, or `hf auth login`)"
-      ) from None
-    if e.code in (401, 403):
-      raise errors.SourceIOError(
-        f"{url}: the Hub denied access (HTTP {e.code}{', ' + code if code else ''}): a gated "
-        "or private repository needs a token with access (HF_TOKEN, or `hf auth login`), and "
-        "a gated one its conditions accepted on its page"
-      ) from None
-    raise errors.SourceIOError(f"{url}: {api} answered HTTP {e.code}") from None
+    body = http_ranges.get(
+      api, headers, judge, timeout=timeout, deadline_seconds=timeout, cap=_ANSWER_CAP
+    )
+  except _Status as e:
+    raise _refusal(url, api, e.status, e.code) from None
+  except Refused as e:
+    raise errors.SourceIOError(f"{url}: asking the Hub for the commit: {e}") from None
+  except TooLarge:
+    raise errors.SourceIOError(
+      f"{url}: the Hub's answer for {api} is larger than {_ANSWER_CAP} bytes; refused while "
+      "it streamed"
+    ) from None
+  try:
+    info = json.loads(body)
   except ValueError as e:
     raise errors.SourceIOError(f"{url}: the Hub's answer is not JSON ({e})") from None
+  if not isinstance(info, dict):
+    raise errors.SourceIOError(f"{url}: the Hub's answer for {api} is not a JSON object")
+  return info
+
+
+def _refusal(url: str, api: str, status: int, code: str) -> errors.ParamRegError:
+  if status == 404 and code == "RevisionNotFound":
+    return errors.MissingShardError(
+      f"{url}: the repository has no revision {split(url)[2]!r} (a branch, tag or commit)"
+    )
+  if status in (401, 404) and code in ("RepoNotFound", ""):
+    return errors.MissingShardError(
+      f"{url}: no such repository, or it is private and the token cannot see it "
+      "(HF_TOKEN, or `hf auth login`)"
+    )
+  if status in (401, 403):
+    return errors.SourceIOError(
+      f"{url}: the Hub denied access (HTTP {status}{', ' + code if code else ''}): a gated "
+      "or private repository needs a token with access (HF_TOKEN, or `hf auth login`), and "
+      "a gated one its conditions accepted on its page"
+    )
+  return errors.SourceIOError(f"{url}: {api} answered HTTP {status}")

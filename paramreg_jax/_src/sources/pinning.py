@@ -36,6 +36,11 @@ class TooLarge(Exception):
   """A document is over its cap."""
 
 
+class Refused(Exception):
+  """A response refused for what it is, not for a passing fault: a redirect from https to
+  plain http, a range answered with more bytes than asked for (a permanent failure)."""
+
+
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 

@@ -36,6 +36,7 @@ from paramreg_jax._src.sources import http_ranges
 from paramreg_jax._src.sources import pinning
 from paramreg_jax._src.sources.pinning import Changed
 from paramreg_jax._src.sources.pinning import RangeNotSupported
+from paramreg_jax._src.sources.pinning import Refused
 from paramreg_jax._src.sources.pinning import TooLarge
 from paramreg_jax._src.sources.pinning import Transient
 
@@ -218,11 +219,25 @@ class RemoteFile:
     if self.plain:
       url = urllib.parse.quote(self.path, safe=_URL_SAFE)
       return http_ranges.get(
-        url, headers, on_head, timeout=self.timeout, deadline_seconds=deadline, into=into
+        url,
+        headers,
+        on_head,
+        timeout=self.timeout,
+        deadline_seconds=deadline,
+        into=into,
+        cap=end - start,
+        ranged=True,
       )
     assert into is None
     return fsspec_http.get(
-      self.fs, self.path, headers, on_head, timeout=self.timeout, deadline_seconds=deadline
+      self.fs,
+      self.path,
+      headers,
+      on_head,
+      timeout=self.timeout,
+      deadline_seconds=deadline,
+      cap=end - start,
+      ranged=True,
     )
 
   def _on_head(self, status: int, reason: str, headers: Any, *, start: int, end: int) -> bool:
@@ -287,7 +302,7 @@ def retrying(call: Any, what: str, *, url: Any, retries: int, timeout: float) ->
   for attempt in range(retries + 1):
     try:
       return call()
-    except (FileNotFoundError, PermissionError, RangeNotSupported, Changed, TooLarge) as e:
+    except (FileNotFoundError, PermissionError, RangeNotSupported, Refused, Changed, TooLarge) as e:
       if isinstance(e, (FileNotFoundError, TooLarge)):
         raise
       if isinstance(e, Changed):
