@@ -137,6 +137,36 @@ def test_overwrite_swaps_in_one_step_and_lists_what_it_removed(tmp_path):
   assert sorted(snapshot(final)) == ["model.safetensors"]
 
 
+def test_a_dangling_link_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+  run = exported(tmp_path)
+  final = tmp_path / "out"
+  final.symlink_to(tmp_path / "gone")
+  written = []
+  monkeypatch.setattr(staging_lib.Staging, "commit", lambda self: written.append(self))
+  with pytest.raises(prj.ExportError, match=r"out is a symbolic link to .*gone, which does not"):
+    run(final, overwrite=True)
+  assert (
+    written == [] and final.is_symlink() and sorted(os.listdir(tmp_path)) == sorted(["out", "ck"])
+  )
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["renameat2", "two-renames"])
+def test_overwriting_a_link_leaves_no_hidden_copy_of_it(tmp_path, monkeypatch, fallback):
+  if fallback:
+    monkeypatch.setattr(staging_lib, "renameat2", lambda *a: False)
+  run = exported(tmp_path)
+  real = tmp_path / "real"
+  real.mkdir()
+  (real / "notes.txt").write_text("theirs")
+  final = tmp_path / "out"
+  final.symlink_to(real)
+  run(final, overwrite=True)
+  assert final.is_dir() and not final.is_symlink()
+  assert sorted(snapshot(final)) == ["model.safetensors"]
+  assert snapshot(real) == {"notes.txt": b"theirs"}  # what the link pointed to is not touched
+  assert sorted(os.listdir(tmp_path)) == ["ck", "out", "real"]
+
+
 _KILLED_MID_REPLACE = """
 import os, pathlib, signal, sys
 sys.path.insert(0, {tests!r})
@@ -294,6 +324,7 @@ def test_convert_overwrite_under_a_file_size_limit_keeps_the_old_checkpoint(tmp_
   assert b"ExportError:" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
   assert b"the old one there is untouched" in proc.stdout
   assert snapshot(final) == before
+  assert sorted(os.listdir(tmp_path)) == ["conv"]  # orbax's own staging removed too
   restored = ocp.StandardCheckpointer().restore(final, target)
   np.testing.assert_array_equal(restored["w"], np.ones((8, 8), np.float32))
 

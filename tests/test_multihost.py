@@ -1,6 +1,7 @@
 """Two real processes on 127.0.0.1 (jax.distributed + gloo, 4 CPU devices each)."""
 
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -141,3 +143,58 @@ def test_two_processes_export_their_tensors_like_one_host(tmp_path):
   for i in range(2):
     r = json.loads((tmp_path / f"r{i}.json").read_text())
     assert r["growth"] <= 0.6 * r["model"], r
+
+
+KILL_WORKER = pathlib.Path(__file__).with_name("multihost_export_kill_worker.py")
+
+
+@pytest.mark.parametrize("mode", ["kill", "fail"])
+def test_an_export_whose_peer_dies_or_fails_leaves_the_old_copy_and_nothing_else(tmp_path, mode):
+  """A peer killed mid-export (its collectives break off) or a process that fails writing:
+  every live process raises an ExportError naming itself, no staged file is left, and the
+  previous copy is byte-identical."""
+  import multihost_export_model as model
+
+  src, target, recipes = model.setup()
+  params = model.trained(prj.restore(target, src, recipes=recipes))
+  final = tmp_path / "out"
+  prj.export(params, recipes, final, source=src, max_shard_bytes=model.SHARD_BYTES)
+  before = {p.name: p.read_bytes() for p in final.iterdir()}
+  port = free_port()
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        str(KILL_WORKER),
+        str(i),
+        str(port),
+        str(final),
+        str(tmp_path / f"r{i}.json"),
+        mode,
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  logs = []
+  try:
+    for p in procs:
+      out, _ = p.communicate(timeout=240)
+      logs.append(out)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  log = "\n\n".join(text[-3000:] for text in logs)
+  alive = [0] if mode == "kill" else [0, 1]
+  for i in alive:
+    outcome = json.loads((tmp_path / f"r{i}.json").read_text())
+    assert outcome["raised"] == "ExportError", (outcome, log)
+    assert str(final) in outcome["message"] and "nothing" in outcome["message"], outcome
+    if mode == "kill":
+      assert "process 0 of 2" in outcome["message"], outcome
+  assert sorted(os.listdir(tmp_path)) == ["out", *(f"r{i}.json" for i in alive)], log
+  assert {p.name: p.read_bytes() for p in final.iterdir()} == before

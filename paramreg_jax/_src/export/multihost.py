@@ -14,7 +14,10 @@ Every process runs the same plan in the same order:
    of them with an error instead of a hang); process 0 writes the index, the config and the
    companion files and publishes the directory; a barrier, then every process returns.
 
-The files equal a single-host export of the same parameters byte for byte.
+The files equal a single-host export of the same parameters byte for byte. Whatever fails
+(a process's own error, or a collective broken off because another process died), process 0
+removes what it staged and every live process raises an ``ExportError``: the destination is
+left as it was and nothing else.
 """
 
 from __future__ import annotations
@@ -71,6 +74,46 @@ def export_all(
       staging = Staging(final, overwrite=overwrite)
     except errors.ExportError as e:
       staged = e
+  try:
+    _run(final, exported, leaves, src, staging, staged, max_shard_bytes, block, extras, me)
+  except BaseException as e:
+    if staging is not None:
+      staging.abort()  # nothing staged is left, whatever failed, wherever
+    if isinstance(e, errors.ParamRegError) or not isinstance(e, Exception):
+      raise
+    raise errors.ExportError(
+      f"{final}: the export failed on process {me} of {count} ({type(e).__name__}: "
+      f"{str(e).strip()[:300]}); a collective with the other processes broke off (did one of "
+      "them die?); nothing of this export was kept"
+      + (", the old copy is untouched" if final.exists() else ""),
+      str(final),
+    ) from e
+  try:
+    multihost_utils.sync_global_devices("paramreg_jax export committed")
+  except Exception as e:
+    raise errors.ExportError(
+      f"{final}: process 0 published the export, but process {me} lost the others before "
+      f"they all confirmed it ({type(e).__name__}); check {final}",
+      str(final),
+    ) from e
+  return exported
+
+
+def _run(
+  final: pathlib.Path,
+  exported: ExportPlan,
+  leaves: dict[str, Any],
+  src: Any,
+  staging: Staging | None,
+  staged: errors.ExportError | None,
+  max_shard_bytes: int,
+  block: int,
+  extras: Any,
+  me: int,
+) -> None:
+  """The phases after staging; any exception (a peer's death breaks a collective) is left to
+  the caller, which removes what was staged."""
+  count = jax.process_count()
   dir_ = _shared_dir(staging)  # a collective: every process learns whether process 0 staged
   if dir_ is None:
     raise staged or errors.ExportError(f"{final}: process 0 could not stage the export")
@@ -80,22 +123,14 @@ def export_all(
   failure = _write_owned(dir_, exported, files, leaves, src, block, me, count, failure)
   failures = _vote(failure)
   if failures:
-    if staging is not None:
-      staging.abort()
     raise errors.ExportError(
       f"{final}: export failed on {len(failures)} process(es): {'; '.join(failures)}; "
       "nothing was written"
     )
   if staging is not None:
-    try:
-      writer.write_index(staging.dir, entries, shards)
-      extras(staging)
-      staging.commit()
-    except BaseException:
-      staging.abort()
-      raise
-  multihost_utils.sync_global_devices("paramreg_jax export committed")
-  return exported
+    writer.write_index(staging.dir, entries, shards)
+    extras(staging)
+    staging.commit()
 
 
 def _shared_dir(staging: Staging | None) -> pathlib.Path | None:

@@ -98,12 +98,16 @@ class Staging:
           return self._fallback_new()
     if renameat2(self.dir, self.final, _EXCHANGE):
       _sync_dir(self.final.parent)
-      shutil.rmtree(self.dir, ignore_errors=True)  # the old copy, swapped into our name
+      _remove(self.dir)  # the old copy (or the link that was there), swapped into our name
       return None
     return self._fallback_replace()
 
   def abort(self) -> None:
-    shutil.rmtree(self.dir, ignore_errors=True)
+    """Removes the staged directory and whatever a writer staged under names derived from it
+    (orbax's ``<name>.orbax-checkpoint-tmp-...``): everything named after the reservation."""
+    _remove(self.dir)
+    for other in self.final.parent.glob(f"{glob_escape(self.dir.name)}*"):
+      _remove(other)
 
   def _fallback_new(self) -> None:
     try:
@@ -118,11 +122,12 @@ class Staging:
     old = pathlib.Path(
       tempfile.mkdtemp(prefix=f".{self.final.name}.old-{self.tag}-", dir=self.final.parent)
     )
-    if self.final.exists():
+    if self.final.exists() or self.final.is_symlink():
       os.rename(self.final, old / "replaced")
     os.rename(self.dir, self.final)  # a crash before this: the next Staging puts the old back
     _sync_dir(self.final.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove(old / "replaced")
+    _remove(old)
 
   def _recover(self) -> None:
     """Removes the hidden siblings of dead exports on this host; puts back an old copy that a
@@ -137,7 +142,7 @@ class Staging:
       parked = stale / "replaced"
       if parts[0] == "old" and parked.is_dir() and not self.final.exists():
         os.rename(parked, self.final)
-      shutil.rmtree(stale, ignore_errors=True)
+      _remove(stale)
 
 
 @contextlib.contextmanager
@@ -165,8 +170,27 @@ def existing_files(final: pathlib.Path) -> tuple[str, ...]:
   return tuple(sorted(str(p.relative_to(final)) for p in final.rglob("*") if p.is_file()))
 
 
+def _remove(path: pathlib.Path) -> None:
+  """Removes ``path``: a link itself (never what it points to), a file, or a tree."""
+  if path.is_symlink() or path.is_file():
+    with contextlib.suppress(FileNotFoundError):
+      path.unlink()
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def glob_escape(name: str) -> str:
+  return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 def check_destination(final: pathlib.Path, overwrite: bool) -> None:
   """Refuses a destination that cannot be written (named, with the fix) before any work."""
+  if final.is_symlink() and not final.exists():
+    raise errors.ExportError(
+      f"{final} is a symbolic link to {os.readlink(final)}, which does not exist; remove the "
+      "link, or export to the directory it should point to",
+      str(final),
+    )
   if final.exists() and not overwrite:
     raise errors.ExportError(
       f"{final} already exists; export writes a new directory (overwrite=True, or "

@@ -1,0 +1,64 @@
+"""One process of the export-with-a-dead-peer test (tests/test_multihost.py); not collected.
+
+argv: process_id port out_dir result.json mode. ``mode`` is ``kill`` (process 1 is killed in
+the middle of the export's exchanges) or ``fail`` (process 0 fails writing its tensors).
+Process 0 writes what its ``export`` raised to result.json.
+"""
+
+import json
+import os
+import signal
+import sys
+
+process_id, port, out_dir, result, mode = sys.argv[1:6]
+os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+
+from paramreg_jax._src.devices import use_cpu_devices  # noqa: E402
+
+use_cpu_devices(4)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(
+  coordinator_address=f"127.0.0.1:{port}",
+  num_processes=2,
+  process_id=int(process_id),
+  initialization_timeout=60,
+)
+
+import multihost_export_model as model  # noqa: E402
+
+import paramreg_jax as prj  # noqa: E402
+from paramreg_jax._src.export import multihost  # noqa: E402
+
+src, target, recipes = model.setup()
+params = model.trained(prj.restore(target, src, recipes=recipes))
+me = jax.process_index()
+if mode == "kill" and me == 1:
+  exchange, calls = multihost._exchange, []
+
+  def dying(mine):
+    calls.append(1)
+    if len(calls) == 2:  # after the files exist and a tensor was exchanged
+      os.kill(os.getpid(), signal.SIGKILL)
+    return exchange(mine)
+
+  multihost._exchange = dying
+if mode == "fail" and me == 0:
+
+  def failing(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+  multihost.write_tensor = failing
+try:
+  prj.export(
+    params, recipes, out_dir, source=src, max_shard_bytes=model.SHARD_BYTES, overwrite=True
+  )
+  outcome = {"raised": None}
+except Exception as e:  # noqa: BLE001 - the test reads what it was
+  outcome = {"raised": type(e).__name__, "message": str(e)}
+with open(result, "w") as f:
+  json.dump(outcome, f)
+sys.stdout.flush()
+os._exit(0)  # a dead peer: jax.distributed.shutdown would wait for it
