@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 import orbax.checkpoint as ocp
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
