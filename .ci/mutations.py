@@ -164,6 +164,13 @@ MUTATIONS = (
     "  before, after = before[1:], after[1:]\n  if False:\n",
     ("tests/test_remote_security.py", "-k", "same_port"),
   ),
+  Mutation(
+    "match: the config orients every square weight",
+    "paramreg_jax/_src/match/candidates.py",
+    "  return ck.decided_relation if decided else None\n",
+    "  return ck.convention\n",
+    ("tests/test_match_architectures.py", "-k", "out_first or settle_names"),
+  ),
 )
 
 

@@ -319,14 +319,71 @@ def test_real_minilm_into_a_linen_bert_on_flax_attention_with_no_hints():
 
 
 def test_shapes_and_the_orientation_settle_names_that_do_not():
-  """Two MLP kernels named ``x`` and ``y``: the names tie, but with the checkpoint's [out, in]
-  orientation only ``up`` fits ``x`` [in=4, out=6] and only ``down`` fits ``y`` [6, 4]."""
+  """Two MLP kernels named ``x`` and ``y``: the names tie, but flax's ``kernel`` is [in, out],
+  so with the checkpoint's [out, in] only ``up`` fits ``x`` [in=4, out=6] and only ``down``
+  fits ``y`` [6, 4]. Leaves whose names say nothing of their layout are refused, both readings
+  listed: ``x`` [4, 6] is ``up`` transposed or ``down`` as stored."""
   ck = {"mlp.up_proj.weight": rand(6, 4), "mlp.down_proj.weight": rand(4, 6)}
-  target = {"mlp": {"x": sds((4, 6)), "y": sds((6, 4))}}
+  target = {"mlp": {"x": {"kernel": sds((4, 6))}, "y": {"kernel": sds((6, 4))}}}
   src = MemorySource(ck, config={"model_type": "llama"})
   got = prj.restore(target, src, recipes=prj.match(target, src))
-  np.testing.assert_array_equal(got["mlp"]["x"], ck["mlp.up_proj.weight"].T)
-  np.testing.assert_array_equal(got["mlp"]["y"], ck["mlp.down_proj.weight"].T)
+  np.testing.assert_array_equal(got["mlp"]["x"]["kernel"], ck["mlp.up_proj.weight"].T)
+  np.testing.assert_array_equal(got["mlp"]["y"]["kernel"], ck["mlp.down_proj.weight"].T)
+  bare = {"mlp": {"x": sds((4, 6)), "y": sds((6, 4))}}
+  with pytest.raises(prj.MatchError, match=r"mlp/x: ambiguous") as info:
+    prj.match(bare, src)
+  assert "R.transpose(R.source('mlp.up_proj.weight'), (1, 0))" in str(info.value)
+  assert "R.source('mlp.down_proj.weight')" in str(info.value)
+
+
+def test_a_square_weight_held_out_first_is_oriented_by_the_decided_weights_not_the_config():
+  """A stacked BERT target that keeps every weight [out, in] with heads split (levanter and
+  haliax style): the config says how the checkpoint stores its weights, not how the target
+  holds them. The non-square MLP weights, decided by their shapes, show the target keeps them
+  as stored, so the square q/k/v/o and pooler are not transposed: every leaf equals its
+  tensor (it once came back transposed, with plausible shapes and no error)."""
+  sd = SafetensorsSource(hf.DATA / "bert" / "model.safetensors")
+  layers, hidden, heads, head_dim, ffn = 2, 32, 4, 8, 64
+  lay = "encoder.layer.{i}."
+  spec = {
+    "layers/q_proj/weight": (
+      (layers, heads, head_dim, hidden),
+      lay + "attention.self.query.weight",
+    ),
+    "layers/k_proj/weight": ((layers, heads, head_dim, hidden), lay + "attention.self.key.weight"),
+    "layers/v_proj/weight": (
+      (layers, heads, head_dim, hidden),
+      lay + "attention.self.value.weight",
+    ),
+    "layers/o_proj/weight": (
+      (layers, hidden, heads, head_dim),
+      lay + "attention.output.dense.weight",
+    ),
+    "layers/up_proj/weight": ((layers, ffn, hidden), lay + "intermediate.dense.weight"),
+    "layers/down_proj/weight": ((layers, hidden, ffn), lay + "output.dense.weight"),
+    "pooler/weight": ((hidden, hidden), "pooler.dense.weight"),
+  }
+  target = {}
+  for name, (shape, _) in spec.items():
+    *parents, leaf = name.split("/")
+    node = target
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = sds(shape)
+  wanted = {v[1].format(i=i) for v in spec.values() for i in range(layers)}
+  src = MemorySource({k: sd.lease(k).read() for k in wanted}, config=sd.config)
+  mlp = {n: spec[n][1] for n in ("layers/up_proj/weight", "layers/down_proj/weight")}
+  for hints in (None, mlp):  # no hint, and the MLP named (what the old refusal asked for)
+    out = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+    for name, (shape, key) in spec.items():
+      node = out
+      for p in name.split("/"):
+        node = node[p]
+      if "{i}" in key:
+        want = np.stack([src.lease(key.format(i=i)).read().reshape(shape[1:]) for i in range(2)])
+      else:
+        want = src.lease(key).read().reshape(shape)
+      np.testing.assert_array_equal(np.asarray(node), want, err_msg=f"{name} {hints}")
 
 
 @pytest.mark.parametrize("name", ["gpt_neox", "codegen", "falcon_grouped"])

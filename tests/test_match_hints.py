@@ -377,3 +377,28 @@ def test_encoder_decoders_pasting_suggestions_never_restores_a_wrong_leaf(name, 
       continue
     check(prj.restore(target, src, recipes=m))
     return
+
+
+def test_a_name_hint_into_a_bfloat16_target_gets_its_cast():
+  """A name hint's tensor is cast to the parameter's dtype like any other (the cast was left
+  out, and match failed with "the proposed mapping does not plan")."""
+  import ml_dtypes
+
+  bf16 = ml_dtypes.bfloat16
+  src = prj.MemorySource(
+    {
+      "model.embed_tokens.weight": np.arange(256, dtype=np.float32).reshape(32, 8),
+      "model.layers.0.mlp.up_proj.weight": np.ones((16, 8), np.float32),
+    }
+  )
+  target = {
+    "embed": {"embedding": jax.ShapeDtypeStruct((32, 8), bf16)},
+    "layers_0": {"mlp": {"up": {"kernel": jax.ShapeDtypeStruct((8, 16), bf16)}}},
+  }
+  m = prj.match(target, src, hints={"embed/embedding": "model.embed_tokens.weight"})
+  out = prj.restore(target, src, recipes=m)
+  assert out["embed"]["embedding"].dtype == bf16 and "cast to bfloat16" in str(m)
+  np.testing.assert_array_equal(
+    np.asarray(out["embed"]["embedding"]).astype(np.float32),
+    np.arange(256, dtype=np.float32).reshape(32, 8).astype(bf16).astype(np.float32),
+  )

@@ -179,12 +179,13 @@ def _joined(
     scores.append(ranked[0][0])
     chosen.append(ranked[0][1])
   shapes = [ck.shapes[k] for k in chosen]
-  transpose = len(shape) == 2 and ck.convention == "t"
+  relation = orientation(ck, tc.name, decided=False)  # the join assumes [in, out] targets
+  transpose = len(shape) == 2 and relation == "t"
   if len(shape) == 1:
     if any(len(s) != 1 for s in shapes) or sum(s[0] for s in shapes) != shape[0]:
       return []
   else:
-    if ck.convention not in ("t", "same") or any(len(s) != 2 for s in shapes):
+    if relation not in ("t", "same") or any(len(s) != 2 for s in shapes):
       return []
     outs = [s[0] if transpose else s[1] for s in shapes]
     ins = {s[1] if transpose else s[0] for s in shapes}
@@ -239,15 +240,12 @@ def _single(
   sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
   if sc.kind != tc.kind and not hinted:
     return []
-  if hinted and ck.hinted_convention:
-    convention = ck.hinted_convention  # what the hinted pairs' own shapes show
-  elif hinted and ck.convention_by != "shapes" and tc.name.rsplit("/", 1)[-1] != "kernel":
-    convention = None  # nothing but the config: only the shape can orient it
+  relation = orientation(ck, tc.name, hinted)
   out = []
   score = tc.similarity(sc)
   linear = is_linear(sc, sshape[1:] if len(sshape) == 3 and "experts" in sc.tokens else sshape)
   for how, build in _layouts(sshape, shape, linear):
-    if _oriented(how, convention, tc, sc, sshape):
+    if _oriented(how, relation, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
   # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
@@ -271,6 +269,31 @@ _REASONS = {
   "conv": "name + conv kernel OIHW -> HWIO",
   "conv1d": "name + conv kernel OIK -> KIO",
 }
+
+
+IN_OUT_LEAVES = frozenset({"kernel", "w"})  # flax's and haiku's [in, out] linear weights
+
+
+def orientation(
+  ck: Checkpoint, target: str, hinted: bool = False, *, decided: bool = True
+) -> str | None:
+  """How a target leaf's linear weight relates to the stored one: ``"t"`` (transposed),
+  ``"same"``, ``"conflict"``, or None (unknown: only its shape can orient it, and a square one
+  is ambiguous, never guessed).
+
+  The checkpoint's config says how *it* stores its weights (``[out, in]``), not how the
+  target holds them: alone, it orients only a leaf named as flax and haiku name an
+  ``[in, out]`` weight (``kernel``, ``w``). The target's own non-square weights (``convention_by == "shapes"``) say it for
+  every leaf; a name hint's pairs say it for the hinted leaves; the non-square weights that
+  evidence already decided say it for the rest (``decided``).
+  """
+  if hinted and ck.hinted_convention:
+    return ck.hinted_convention  # what the hinted pairs' own shapes show
+  if ck.convention == "conflict" or ck.convention_by == "shapes":
+    return ck.convention
+  if ck.convention is not None and target.rsplit("/", 1)[-1] in IN_OUT_LEAVES:
+    return ck.convention
+  return ck.decided_relation if decided else None
 
 
 def _oriented(

@@ -418,10 +418,11 @@ def names(problem: str, name: str) -> bool:
 
 
 def cast_to_targets(slots: list[Any], proposals: dict[str, Proposal], source: Any) -> None:
-  """A stored dtype other than the parameter's becomes an explicit, reported cast."""
+  """A stored dtype other than the parameter's becomes an explicit, reported cast (a recipe
+  given as a hint is used as given; a name hint's tensor is cast like any other)."""
   for slot in slots:
     p = proposals.get(slot.name)
-    if p is None or p.recipe is None or p.reason.startswith("hint"):
+    if p is None or p.recipe is None or p.reason == "hint":
       continue
     want = np.dtype(slot.dtype)
     if inference.infer(p.recipe, source).dtype != want:

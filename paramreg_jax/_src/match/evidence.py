@@ -203,6 +203,9 @@ class Checkpoint:
   # the orientation the name hints' own pairs show ("t", "same"; None if they show none or
   # disagree): a hint says which tensor a parameter is, so its non-square shape is evidence
   hinted_convention: str | None = None
+  # how the target's decided non-square linear weights relate to their stored tensors ("t",
+  # "same"; None if none or they disagree): what orients the square ones a config cannot
+  decided_relation: str | None = None
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -214,6 +217,7 @@ class Checkpoint:
       self.conflict,
       self.convention_by,
       self.hinted_convention,
+      self.decided_relation,
     )
 
   @functools.cached_property
@@ -365,6 +369,34 @@ def linear_convention(
 
 
 _ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
+
+
+def decided_relation(slots: list[Any], decided: dict[str, Any], ck: Checkpoint) -> str | None:
+  """How the target's non-square linear weights that evidence or a name hint decided relate
+  to their stored tensors, if they all agree: ``"t"`` (transposed) or ``"same"``. Only decided
+  leaves count, never candidates still open (nor a recipe given as a hint: it is the user's
+  to lay out)."""
+  said = set()
+  for slot in slots:
+    p = decided.get(slot.name)
+    if p is None or p.recipe is None or p.reason == "hint" or not p.keys:
+      continue
+    if len({ck.shapes.get(k) for k in p.keys}) != 1:
+      continue  # one tensor, or one per layer of one shape
+    tc = concepts(slot.name)
+    shape = tuple(slot.shape)
+    if len(shape) == 3 and not tc.indices and "layers" in tc.tokens:
+      shape = shape[1:]  # a stacked kernel: one layer's
+    stored = ck.shapes.get(p.keys[0])
+    if stored is None or len(shape) != 2 or shape[0] == shape[1] or not linear_target(tc, shape):
+      continue
+    if not is_linear(ck.concepts[p.keys[0]], stored):
+      continue
+    if stored == shape:
+      said.add("same")
+    elif stored[::-1] == shape:
+      said.add("t")
+  return said.pop() if len(said) == 1 else None
 
 
 def hinted_convention(slots: list[Any], ck: Checkpoint, named: dict[str, list[str]]) -> str | None:

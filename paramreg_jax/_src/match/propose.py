@@ -86,6 +86,10 @@ def match(
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = evidence.hinted_convention(slots, ck, name_hints)
   proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
+  if problems and ck.convention_by == "config":  # what the decided weights say of the target
+    ck.decided_relation = evidence.decided_relation(slots, proposals, ck)
+    if ck.decided_relation is not None:
+      proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
