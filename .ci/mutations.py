@@ -171,6 +171,13 @@ MUTATIONS = (
     "  return ck.convention\n",
     ("tests/test_match_architectures.py", "-k", "out_first or settle_names"),
   ),
+  Mutation(
+    "reconcile: a missing moment zeroed instead of refused",
+    "paramreg_jax/_src/optim/reconcile.py",
+    '  if on_incomplete == "error" and diff.incomplete:\n',
+    "  if False:\n",
+    ("tests/test_reconcile.py", "-k", "half_a_moment"),
+  ),
 )
 
 

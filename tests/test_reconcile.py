@@ -631,3 +631,109 @@ def test_a_state_nothing_can_be_matched_to_is_refused_with_the_way_past_it():
   assert "its parts cannot be matched by what they are" in text
   assert "Reconcile with the optimizer that built it" in text and "tx.init(params)" in text
   assert "pass the optax state itself" not in text  # the user did; the old advice misled
+
+
+# --- issue: keyed surgery on today's JAX, with schedules, and on damaged state ---------------
+
+
+def _adam_after(params, steps=2):
+  tx = prj.keyed(optax.adam(1e-2))
+  state = tx.init(params)
+  for i in range(steps):
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5 + i), params)
+    _, state = tx.update(grads, state, params)
+  return tx, state
+
+
+@pytest.mark.parametrize(
+  "damage",
+  ["a leaf deleted", "a leaf None", "all of nu gone"],
+)
+def test_half_a_moment_is_refused_naming_the_parameter_and_what_is_missing(damage):
+  params = {"a": jnp.ones(3), "b": jnp.full(2, 2.0)}
+  tx, st = _adam_after(params)
+  mu, nu = dict(st[0].mu), dict(st[0].nu)
+  if damage == "a leaf deleted":
+    del mu["b"]
+  elif damage == "a leaf None":
+    mu["b"] = None
+  else:
+    nu = {}
+  raw = {"0": {"count": st[0].count, "mu": mu, "nu": nu}, "1": {}}
+  before = jax.tree.map(np.asarray, raw)
+  missing = "0/nu" if damage == "all of nu gone" else "0/mu"
+  with pytest.raises(prj.ReconcileError) as info:
+    prj.reconcile(tx, raw, params)
+  text = str(info.value)
+  assert "half a moment is never kept" in text and "on_incomplete='init'" in text
+  assert re.search(rf"n:b: has 0/\w+; missing {missing}", text), text
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, raw), before)
+  # the way out, pasted: every leaf of the damaged parameters fresh, the others kept bit for bit
+  state, report = prj.reconcile(tx, raw, params, on_incomplete="init")
+  fresh = tx.init(params)
+  damaged = {"a", "b"} if damage == "all of nu gone" else {"b"}
+  for k in params:
+    for moment in ("mu", "nu"):
+      got = getattr(state[0], moment)[k]
+      want = getattr(fresh[0] if k in damaged else st[0], moment)[k]
+      np.testing.assert_array_equal(got, want, err_msg=f"{k} {moment}")
+  assert set(report.reinitialized) == {f"n:{k}" for k in damaged}
+  assert set(report.kept) == {f"n:{k}" for k in params} - set(report.reinitialized)
+
+
+def test_an_overlap_that_keeps_nothing_is_reported_re_initialised():
+  tx = prj.keyed(optax.adam(1e-2))
+  old = tx.init({"w": jnp.ones(4)})
+  old = (old[0]._replace(mu={"w": jnp.full(4, 3.0)}, nu={"w": jnp.full(4, 5.0)}), old[1])
+  new = {"w": jnp.ones(4, jnp.bfloat16)}
+  state, report = prj.reconcile(tx, old, new, on_shape_mismatch="overlap")
+  assert report.resized == () and report.reinitialized == ("n:w",) and report.kept == ()
+  assert not np.asarray(state[0].mu["w"]).any() and state[0].mu["w"].dtype == jnp.bfloat16
+  grown = {"w": jnp.ones(6)}  # and one that keeps something says exactly what
+  state, report = prj.reconcile(tx, old, grown, on_shape_mismatch="overlap")
+  assert report.resized == (("n:w", "(4,) -> (6,): kept [0:4], fresh elsewhere"),)
+  assert report.reinitialized == ()
+  np.testing.assert_array_equal(state[0].mu["w"], [3, 3, 3, 3, 0, 0])
+
+
+def test_reconcile_and_overlap_work_on_the_default_explicit_axes_mesh():
+  mesh = jax.make_mesh((4, 2), ("data", "model"))  # Explicit axes on the newest jax
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", "model"))
+  old = {"e": jax.device_put(jnp.arange(192.0).reshape(24, 8), sharding)}
+  new = {"e": jax.device_put(jnp.ones((40, 8)), sharding)}
+  tx, st = _adam_after(old)
+  state, report = prj.reconcile(tx, st, new, on_shape_mismatch="overlap")
+  assert report.resized[0][0] == "n:e" and state[0].mu["e"].sharding == sharding
+  np.testing.assert_array_equal(np.asarray(state[0].mu["e"])[:24], np.asarray(st[0].mu["e"]))
+  assert not np.asarray(state[0].mu["e"])[24:].any()
+  same, report = prj.reconcile(tx, st, old)
+  assert report.kept == ("n:e",) and same[0].nu["e"].sharding == sharding
+  np.testing.assert_array_equal(same[0].nu["e"], st[0].nu["e"])
+
+
+def test_a_scheduled_learning_rate_is_code_not_a_change():
+  schedule = optax.linear_schedule(1e-2, 0.0, 10)
+  tx = prj.keyed(optax.inject_hyperparams(optax.adam)(learning_rate=schedule))
+  params = {"a": jnp.ones(3)}
+  state = tx.init(params)
+  for _ in range(3):
+    _, state = tx.update({"a": jnp.ones(3)}, state, params)
+  before = jax.tree.map(np.asarray, state)
+  new, report = prj.reconcile(tx, state, params)
+  assert not report.changed and report.hyperparams == ()
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, new), before)  # a no-op, bit for bit
+  fixed = prj.keyed(optax.inject_hyperparams(optax.adam)(learning_rate=1e-4))  # a constant
+  _, report = prj.reconcile(fixed, state, params)
+  assert report.changed and report.hyperparams[0][0].endswith("learning_rate")
+
+
+def test_a_momentum_state_into_adam_gets_the_way_out_and_it_works():
+  params = {"a": jnp.ones(3)}
+  old = prj.keyed(optax.sgd(0.1, momentum=0.9)).init(params)
+  tx = prj.keyed(optax.adam(1e-3))
+  with pytest.raises(
+    prj.ReconcileError, match=r"start this optimizer fresh with tx\.init\(params\)"
+  ):
+    prj.reconcile(tx, old, params)
+  state = tx.init(params)  # the way out, pasted
+  chex.assert_trees_all_equal(prj.reconcile(tx, state, params)[0], state)

@@ -30,8 +30,8 @@ def reconcile_optimizer(optimizer: Any, model: Any, restored: Any, **options: An
     model: the new model.
     restored: ``nnx.state(old_optimizer)`` (live or restored without a target), or just its
       optax state.
-    **options: ``on_missing``, ``on_unexpected``, ``on_shape_mismatch``, ``rename`` (see
-      :func:`reconcile`).
+    **options: ``on_missing``, ``on_unexpected``, ``on_shape_mismatch``, ``on_incomplete``,
+      ``rename`` (see :func:`reconcile`).
 
   Returns:
     The :class:`SurgeryReport`.

@@ -58,6 +58,7 @@ def reconcile(
   on_shape_mismatch: Literal["error", "init", "overlap"] | resize_lib.Resize = "error",
   rename: Mapping[str, str] | Callable[[str], str] | None = None,
   hyperparams: Literal["code", "state"] = "code",
+  on_incomplete: Literal["error", "init"] = "error",
 ) -> tuple[Any, SurgeryReport]:
   """Fits an optimizer state, possibly from an older model, to ``params``, by parameter key.
 
@@ -83,6 +84,10 @@ def reconcile(
       state differs from the one the code now gives (``learning_rate=1e-4`` where the state
       holds ``1e-2``): ``"code"`` (default) takes the code's, ``"state"`` keeps the state's;
       either way the report lists it, old -> new.
+    on_incomplete: a parameter whose old state is only partly there (Adam's ``mu`` without
+      its ``nu``: a truncated or damaged checkpoint): ``"error"`` (default) refuses, naming the
+      parameter and the missing leaves; ``"init"`` gives it fresh state in every leaf (never
+      half a moment).
 
   Returns:
     ``(new_state, report)``: a state with exactly the structure of ``tx.init(params)``, and a
@@ -108,6 +113,7 @@ def reconcile(
   if not callable(on_shape_mismatch):
     _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init", "overlap"))
   _check_option("hyperparams", hyperparams, ("code", "state"))
+  _check_option("on_incomplete", on_incomplete, ("error", "init"))
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
   layout = new_layout(inner, params, by)
@@ -117,10 +123,11 @@ def reconcile(
   diff = _compare(layout, old)
   if diff.optimizer_problems and by == "name":  # the same state under a new wrapping?
     layout, old, diff = _realign(state, layout, rename, params) or (layout, old, diff)
-  _refuse(diff, on_missing, on_unexpected, on_shape_mismatch)
+  _refuse(diff, on_missing, on_unexpected, on_shape_mismatch, on_incomplete)
+  diff.complete(layout)
   fresh = _fresh(inner, params, layout, diff)
   resized = _resize(layout, old, diff, fresh, on_shape_mismatch)
-  changed = _hyperparams_changed(layout, old, fresh)
+  changed = _hyperparams_changed(layout, old, fresh, _scheduled(inner))
   if hyperparams == "code":
     diff.needs_init |= {comps for comps, _, _ in changed}
   report = diff.report(old)
@@ -148,9 +155,17 @@ class _Diff:
   optimizer_problems: list[str]  # non-parameter state that does not match
   optimizer_changed: str  # what of the old state the new optimizer does not keep
   shifted: tuple[tuple[str, int, int], ...]
+  # key -> (the state leaves it has, those it lacks), where it has some but not all
+  incomplete: dict[str, tuple[list[str], list[str]]] = dataclasses.field(default_factory=dict)
+
+  def complete(self, layout: Layout) -> None:
+    """Every leaf of an incompletely saved parameter is fresh (never half a moment)."""
+    self.needs_init |= {
+      c for c, owner in layout.owners.items() if owner is not None and owner[1] in self.incomplete
+    }
 
   def report(self, old: OldState) -> SurgeryReport:
-    reinit = set(self.mismatched) | self.moved
+    reinit = set(self.mismatched) | self.moved | set(self.incomplete)
     return SurgeryReport(
       kept=tuple(sorted(self.kept - reinit)),
       added=tuple(self.added),
@@ -191,6 +206,7 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
   needs_init: set[Path] = set()
   moved: set[str] = set()
   shapes: dict[str, tuple[Any, Any]] = {}  # key -> (its old state's spec, the new one's)
+  parts: dict[str, tuple[list[str], list[str]]] = {}  # key -> (leaves it has, leaves it lacks)
   for comps, sds in layout.leaves:
     want = (tuple(sds.shape), sds.dtype)
     owner = layout.owners[comps]
@@ -198,6 +214,7 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
       prefix, key = owner
       have = old.owners.get(owner)
       shapes.setdefault(key, (None if have is None else spec(have), want))
+      parts.setdefault(key, ([], []))[have is None].append("/".join(prefix) or "<root>")
       if have is None:
         needs_init.add(comps)
         if key in had_state and not new_state_ok:  # else: a wrapper's own (MultiSteps' acc_grads)
@@ -227,6 +244,13 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
       "state). Reconcile with the optimizer that built it and change the optimizer afterwards, "
       "or start fresh with tx.init(params)"
     )
+  elif problems:
+    problems.append(
+      "the old state was built by another optimizer (or another configuration of it): its "
+      "non-parameter state does not fit this one. Reconcile with the optimizer that built it "
+      "to carry the state through the model's changes, or start this optimizer fresh with "
+      "tx.init(params) (the parameters are unaffected)"
+    )
   # a re-initialised key gets fresh state in every leaf it owns
   needs_init |= {
     c for c, owner in layout.owners.items() if owner is not None and owner[1] in mismatched
@@ -242,6 +266,11 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
     optimizer_problems=problems,
     optimizer_changed=_optimizer_change(layout, old),
     shifted=_shifted(new_keys & old_keys, had_state, new_keys, old.renamed),
+    incomplete={
+      k: (has, lacks)
+      for k, (has, lacks) in parts.items()
+      if has and lacks and k in old_keys and not new_state_ok
+    },
   )
 
 
@@ -309,11 +338,23 @@ def _shifted(
   )
 
 
-def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch: Any) -> None:
+def _refuse(
+  diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch: Any, on_incomplete: str
+) -> None:
   """Raises one ``ReconcileError`` listing every refused difference (nothing is changed)."""
   problems = list(diff.optimizer_problems)
   if problems:
     problems.insert(0, "non-parameter state (counts, hyperparameters) does not match:")
+  if on_incomplete == "error" and diff.incomplete:
+    problems.append(
+      f"{len(diff.incomplete)} parameter(s) have only part of their state (a truncated or "
+      "damaged checkpoint?): half a moment is never kept; restore the state whole, or pass "
+      "on_incomplete='init' to start these parameters' state afresh:"
+    )
+    problems.extend(
+      f"  {key}: has {', '.join(has)}; missing {', '.join(lacks)}"
+      for key, (has, lacks) in sorted(diff.incomplete.items())
+    )
   if on_missing == "error" and diff.added:
     problems.append(
       f"{len(diff.added)} new parameter(s) have no state (on_missing='error'): "
@@ -350,17 +391,19 @@ def _refuse(diff: _Diff, on_missing: str, on_unexpected: str, on_shape_mismatch:
 def _resize(
   layout: Layout, old: OldState, diff: _Diff, fresh: dict[Path, Any], policy: Any
 ) -> dict[Path, tuple[str, str]]:
-  """``{state leaf: (key, what was kept)}`` of the resized parameters' leaves, their new
-  values stored in ``fresh`` (the leaves ``tx.init`` gives the rest of them)."""
+  """``{state leaf: (key, what was kept)}`` of the resized parameters' leaves that kept
+  something, their new values stored in ``fresh`` (the leaves ``tx.init`` gives the rest of
+  them); a leaf that kept nothing is not listed (its key is reported re-initialised)."""
   if policy in ("error", "init"):
     return {}
   out = {}
   for comps, owner in layout.owners.items():
     if owner is None or owner[1] not in diff.mismatched or old.owners.get(owner) is None:
       continue
-    leaf, how = resize_lib.apply(policy, owner[1], old.owners[owner], fresh[comps])
+    leaf, how, kept = resize_lib.apply(policy, owner[1], old.owners[owner], fresh[comps])
     fresh[comps] = leaf
-    out[comps] = (owner[1], how)
+    if kept:
+      out[comps] = (owner[1], how)
   return out
 
 
@@ -380,12 +423,44 @@ def _fresh(inner: optax.GradientTransformation, params: Any, layout: Layout, dif
   return dict(mirrors_lib.state_leaves(inner.init(params)))
 
 
+def _scheduled(tx: Any) -> frozenset[str]:
+  """The names of ``inject_hyperparams``' hyperparameters that ``tx`` (anywhere inside it)
+  takes from a schedule: the schedule is the code, and the value in the state is only its
+  last output (each update recomputes it from the count), so it is never compared."""
+  names: set[str] = set()
+  seen: set[int] = set()
+  todo: list[Any] = [tx]
+  while todo and len(seen) < 10_000:
+    obj = todo.pop()
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    if isinstance(obj, tuple):  # a GradientTransformation, or a tuple of them (chain)
+      todo.extend(x for x in obj if callable(x) or isinstance(x, tuple))
+    elif callable(obj):
+      code = getattr(obj, "__code__", None)
+      cells = getattr(obj, "__closure__", None) or ()
+      for name, cell in zip(code.co_freevars if code else (), cells):
+        try:
+          value = cell.cell_contents
+        except ValueError:  # an empty cell
+          continue
+        if name == "sched_hps" and isinstance(value, dict):  # optax.inject_hyperparams'
+          names.update(str(k) for k in value)
+        elif callable(value) or isinstance(value, tuple):
+          todo.append(value)
+  return frozenset(names)
+
+
 def _hyperparams_changed(
-  layout: Layout, old: OldState, fresh: dict[Path, Any]
+  layout: Layout, old: OldState, fresh: dict[Path, Any], scheduled: frozenset[str]
 ) -> list[tuple[Path, Any, Any]]:
-  """``(path, state's value, code's value)`` of the hyperparameters that differ."""
+  """``(path, state's value, code's value)`` of the numeric hyperparameters that differ (a
+  scheduled one is the code's schedule whatever its last value)."""
   out = []
   for comps in _hyper_paths(layout):
+    if comps[-1] in scheduled:
+      continue
     have, want = old.plain.get(comps), fresh.get(comps)
     if have is None or want is None:
       continue

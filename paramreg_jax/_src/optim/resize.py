@@ -22,6 +22,15 @@ from paramreg_jax._src import errors
 Resize = Callable[[str, Any, Any], Any]
 
 
+def _array(x: Any) -> Any:
+  """``x`` to compute with: on the host where this process holds all of it (whatever its
+  mesh's axis types: an Explicit-axes array refuses a scatter between two shardings), else
+  as it is (``apply`` puts the result in the new parameter's sharding)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x
+  return np.asarray(x)
+
+
 def overlap(key: str, old: Any, fresh: Any) -> Any:
   """``fresh`` with its leading region that ``old`` also has replaced by ``old``'s values (the
   same rank and dtype; else ``fresh``: nothing overlaps in a meaningful way)."""
@@ -29,7 +38,12 @@ def overlap(key: str, old: Any, fresh: Any) -> Any:
   if np.ndim(old) != np.ndim(fresh) or jnp.result_type(old) != jnp.result_type(fresh):
     return fresh
   region = tuple(slice(0, min(a, b)) for a, b in zip(np.shape(old), np.shape(fresh)))
-  return jnp.asarray(fresh).at[region].set(jnp.asarray(old)[region])
+  old_a, fresh_a = _array(old), _array(fresh)
+  if isinstance(fresh_a, np.ndarray) and isinstance(old_a, np.ndarray):
+    out = fresh_a.copy()
+    out[region] = old_a[region]
+    return out
+  return jnp.asarray(fresh_a).at[region].set(jnp.asarray(old_a)[region])
 
 
 def describe(old: Any, fresh: Any, out: Any) -> str:
@@ -88,28 +102,31 @@ def layer_map(sources: Sequence[int | None], *, axis: int = 0) -> Resize:
       raise errors.ReconcileError(
         f"{key}: layer_map takes old layers {bad}, but the old state has {n} along axis {axis}"
       )
-    old_a, fresh_a = jnp.asarray(old), jnp.asarray(fresh)
+    old_a, fresh_a = _array(old), _array(fresh)
+    xp = np if isinstance(old_a, np.ndarray) and isinstance(fresh_a, np.ndarray) else jnp
     rows = [
-      jnp.take(old_a, s, axis=axis) if s is not None else jnp.take(fresh_a, i, axis=axis)
+      xp.take(old_a, s, axis=axis) if s is not None else xp.take(fresh_a, i, axis=axis)
       for i, s in enumerate(picks)
     ]
-    return jnp.stack(rows, axis=axis).astype(fresh_a.dtype)
+    return xp.stack(rows, axis=axis).astype(fresh_a.dtype)
 
   return resize
 
 
-def apply(policy: Any, key: str, old: Any, fresh: Any) -> tuple[Any, str]:
-  """The resized leaf and what was kept; a policy whose result does not fit is an error."""
+def apply(policy: Any, key: str, old: Any, fresh: Any) -> tuple[Any, str, bool]:
+  """The resized leaf, what was kept, and whether anything was; a policy whose result does
+  not fit is an error."""
   out = overlap(key, old, fresh) if policy == "overlap" else policy(key, old, fresh)
   if np.shape(out) != np.shape(fresh) or jnp.result_type(out) != jnp.result_type(fresh):
     raise errors.ReconcileError(
       f"{key}: on_shape_mismatch gave a {tuple(np.shape(out))} {jnp.result_type(out)} leaf, the "
       f"new state needs {tuple(np.shape(fresh))} {jnp.result_type(fresh)}"
     )
-  out = jax.device_put(out, fresh.sharding) if isinstance(fresh, jax.Array) else out
+  kept = out is not fresh  # judged before the result is placed (a placed copy is never fresh)
   how = (
     describe(old, fresh, out)
     if policy == "overlap"
     else (f"{tuple(np.shape(old))} -> {tuple(np.shape(fresh))}: by the on_shape_mismatch callable")
   )
-  return out, how
+  out = jax.device_put(out, fresh.sharding) if isinstance(fresh, jax.Array) else out
+  return out, how, kept
