@@ -737,3 +737,27 @@ def test_a_momentum_state_into_adam_gets_the_way_out_and_it_works():
     prj.reconcile(tx, old, params)
   state = tx.init(params)  # the way out, pasted
   chex.assert_trees_all_equal(prj.reconcile(tx, state, params)[0], state)
+
+
+def test_a_live_flax_train_state_is_accepted_whole():
+  from flax import linen
+  from flax.training import train_state
+
+  model = linen.Dense(3)
+  params = model.init(jax.random.key(0), jnp.ones((1, 2)))["params"]
+  tx = prj.keyed(optax.adam(1e-3))
+  ts = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  ts = ts.apply_gradients(grads=jax.tree.map(jnp.ones_like, params))
+  state, report = prj.reconcile(tx, ts, params)
+  assert report.kept == ("n:bias", "n:kernel") and not report.changed
+  chex.assert_trees_all_equal(state, ts.opt_state)
+
+
+def test_reconcile_under_jit_is_refused_at_trace_time():
+  """Under ``jax.jit`` the moments would keep the old sharding (eagerly: the new one)."""
+  tx = prj.keyed(optax.adam(1e-3))
+  params = {"a": jnp.ones(3)}
+  state = tx.init(params)
+  with pytest.raises(prj.ReconcileError, match=r"under a jax transformation .* Call it eagerly"):
+    jax.jit(lambda s, p: prj.reconcile(tx, s, p)[0])(state, params)
+  assert prj.reconcile(tx, state, params)[1].kept == ("n:a",)

@@ -786,3 +786,16 @@ def test_the_cycle_collector_is_paused_only_while_weights_are_built():
     assert not gc.isenabled()  # a caller's choice is kept
   finally:
     gc.enable()
+
+
+def test_exclude_marks_checkpoint_keys_that_may_stay_unused_and_rename_still_sees_them():
+  """Excluding the old ``l/1/**`` while renaming ``l/1 -> l/2``: the excluded target slot is
+  left alone and the excluded checkpoint key still moves to ``l/2`` (it once failed with
+  "rule 'l/1/(.*)': matches no checkpoint key")."""
+  target = {"l": [{"w": jnp.full(2, 7.0)} for _ in range(3)]}
+  src = prj.MemorySource({"l/0/w": np.zeros(2, np.float32), "l/1/w": np.ones(2, np.float32)})
+  out = prj.restore(
+    target, src, rename=[(r"l/1/(.*)", r"l/2/\1"), (r"(.*)", r"\1")], exclude=["l/1/**"]
+  )
+  assert [np.asarray(layer["w"]).tolist() for layer in out["l"]] == [[0, 0], [7, 7], [1, 1]]
+  assert out["l"][1]["w"] is target["l"][1]["w"]

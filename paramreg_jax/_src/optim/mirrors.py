@@ -164,7 +164,13 @@ def rekey(table: dict[tuple[Path, str], Any], names: dict[str, str]) -> dict[tup
 
 def optimizer_state(state: Any) -> Any:
   """The optax state in ``state``: ``nnx.state(optimizer)`` (live, pure, or restored without a
-  target) holds it under ``opt_state``; anything else is taken to be the optax state itself."""
+  target) and a restored flax ``TrainState`` hold it under ``opt_state``, a live
+  ``TrainState`` (or a subclass) as its field; anything else is taken to be the optax state
+  itself."""
   if isinstance(state, Mapping) and "opt_state" in state:
     return state["opt_state"]
+  from flax.training import train_state  # flax is imported by then wherever a state exists
+
+  if isinstance(state, train_state.TrainState):
+    return state.opt_state
   return state

@@ -43,6 +43,19 @@ def _fmt(spec: tuple[tuple[int, ...], Any]) -> str:
   return f"{spec[0]} {getattr(spec[1], 'name', spec[1])}"
 
 
+def _not_traced(state: Any, params: Any) -> None:
+  """Refuses a call under ``jax.jit`` (or any transformation) at trace time: the result would
+  keep the old state's shardings, not the new parameters'."""
+  traced = [x for x in jax.tree.leaves((state, params)) if isinstance(x, jax.core.Tracer)]
+  if traced:
+    raise errors.ReconcileError(
+      f"reconcile was called under a jax transformation (jit, vmap, grad: {len(traced)} leaves "
+      "of the state and parameters are tracers); it reads shapes and shardings and places the "
+      "state on the new parameters' devices, which a traced program cannot do. Call it eagerly, "
+      "once when resuming, and jit the training step"
+    )
+
+
 def _check_option(name: str, value: str, allowed: tuple[str, ...]) -> None:
   if value not in allowed:
     raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -96,7 +109,8 @@ def reconcile(
   Raises:
     TypeError: ``tx`` is not an optax transformation.
     ReconcileError: any refused category (all offenders listed at once), or non-parameter
-      state (counts, hyperparameters) missing or changed, i.e. the optimizer itself changed.
+      state (counts, hyperparameters) missing or changed, i.e. the optimizer itself changed;
+      or a call under ``jax.jit`` (refused at trace time: call it eagerly).
 
   Examples:
     >>> import jax.numpy as jnp, optax
@@ -114,6 +128,7 @@ def reconcile(
     _check_option("on_shape_mismatch", on_shape_mismatch, ("error", "init", "overlap"))
   _check_option("hyperparams", hyperparams, ("code", "state"))
   _check_option("on_incomplete", on_incomplete, ("error", "init"))
+  _not_traced(state, params)
   # the data flow: where the new state keeps what -> what the old state has -> compare ->
   # refuse (all problems at once, nothing changed) -> assemble the new state and the report
   layout = new_layout(inner, params, by)

@@ -211,8 +211,9 @@ def _resolve_names(p: _Planning, rename: Any) -> tuple[dict[str, str], list[str]
     return {k: k for k in p.source_keys}, []
   _swapped_rename(p, rename)
   rules = rename if isinstance(rename, sets.Rename) else sets.rename(rename)
-  # keys that recipes read need no rename rule
-  loaded = [k for k in p.source_keys if not p.excluded(k) and k not in p.by_recipes | p.meant]
+  # keys that recipes read need no rename rule; rename sees every other key, excluded ones too
+  # (exclude only allows a checkpoint key to stay unused: a rule may still give it a target)
+  loaded = [k for k in p.source_keys if k not in p.by_recipes | p.meant]
   try:
     renamed = rules.apply(loaded)
   except errors.RecipeSetError as e:
