@@ -16,6 +16,9 @@
 * ``gemma2-f32.gguf`` and ``gemma2-q8_0.gguf``: a Gemma 2 (four norms per layer, stored with 1
   added as llama.cpp stores them), ``gemma2-f32.npz``/``gemma2-q8_0.npz`` the parameters
   transformers' GGUF loader reads from each (its ``state_dict``, float32).
+* ``gpt_oss_square.safetensors``: gpt-oss experts with square shapes, fused ``gate_up_proj``
+  and both biases; ``gpt_oss_square_reference.npz``: transformers' dequantization of them as
+  its ``GptOssExperts`` holds them.
 * ``fp8.safetensors``: a DeepSeek-V3 style FP8 matrix with ``weight_scale_inv`` 128 x 128
   block scales, and ``fp8_reference.npy``: ``weight_dequant`` of it (float32).
 * ``gpt_oss_moe.safetensors``: gpt-oss style MXFP4 experts (``*_blocks`` and ``*_scales``), and
@@ -191,6 +194,38 @@ def gpt_oss() -> None:
   print(f"gpt_oss_moe.safetensors: blocks {blocks.shape}, reference {tuple(ref.shape)}")
 
 
+def gpt_oss_square() -> None:
+  """gpt-oss's experts as the real model has them: square (hidden = expert width), fused
+  ``gate_up_proj`` with its ``gate_up_proj_bias``, and ``down_proj`` with its bias; the
+  reference is transformers' own dequantization, laid out as its ``GptOssExperts`` holds them
+  (``gate_up_proj`` ``[E, hidden, 2 * width]``, ``down_proj`` ``[E, width, hidden]``)."""
+  from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+  rng = np.random.default_rng(4)
+  e, h, f = 2, 64, 64
+  p = "model.layers.0.mlp.experts."
+  tensors = {
+    p + "gate_up_proj_blocks": rng.integers(0, 256, (e, 2 * f, h // 32, 16), dtype=np.uint8),
+    p + "gate_up_proj_scales": rng.integers(118, 130, (e, 2 * f, h // 32), dtype=np.uint8),
+    p + "gate_up_proj_bias": rng.standard_normal((e, 2 * f)).astype(np.float32),
+    p + "down_proj_blocks": rng.integers(0, 256, (e, h, f // 32, 16), dtype=np.uint8),
+    p + "down_proj_scales": rng.integers(118, 130, (e, h, f // 32), dtype=np.uint8),
+    p + "down_proj_bias": rng.standard_normal((e, h)).astype(np.float32),
+  }
+  save_file(tensors, str(OUT / "gpt_oss_square.safetensors"))
+  ref = {}
+  for name in ("gate_up_proj", "down_proj"):
+    values = convert_moe_packed_tensors(
+      torch.tensor(tensors[p + name + "_blocks"]),
+      torch.tensor(tensors[p + name + "_scales"]),
+      dtype=torch.float32,
+    )
+    ref[name] = values.float().numpy()  # [E, in, out]: as GptOssExperts holds it
+    ref[name + "_bias"] = tensors[p + name + "_bias"]
+  np.savez(OUT / "gpt_oss_square_reference.npz", **ref)
+  print("gpt_oss_square.safetensors:", {k: v.shape for k, v in ref.items()})
+
+
 SMALL = dict(SIZES, hidden_size=64, intermediate_size=128, num_attention_heads=4)
 
 
@@ -359,6 +394,6 @@ if __name__ == "__main__":
 
   OUT.mkdir(parents=True, exist_ok=True)
   cases = {"llama": llama, "plain_llama": plain_llama, "phi3": phi3, "gemma2": gemma2}
-  cases |= {"fp8": fp8, "gpt_oss": gpt_oss}
+  cases |= {"fp8": fp8, "gpt_oss": gpt_oss, "gpt_oss_square": gpt_oss_square}
   for case in sys.argv[1:] or list(cases):
     cases[case]()

@@ -278,3 +278,48 @@ def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, n
     for part in ("gate", "up", "down"):
       got = np.asarray(out["layers"]["mlp"][part]["kernel"][i])
       np.testing.assert_array_equal(got, ref[p + f"mlp.{part}_proj.weight"].T)
+
+
+def test_a_phi3_gguf_exports_back_to_its_own_tensors_bit_for_bit(tmp_path):
+  """The way back: gate and up joined into ``ffn_up`` again, q/k/v into ``attn_qkv``."""
+  arch, sizes, shapes = _case("phi3-config.json")
+  target = hf.target(hf.STYLES["nnx"], shapes, arch, sizes)
+  src = prj.GGUFSource(DATA / "phi3-f32.gguf")
+  m = prj.match(target, src)
+  prj.export(prj.restore(target, src, recipes=m), m, tmp_path / "out")
+  back = prj.SafetensorsSource(tmp_path / "out")
+  assert sorted(back.keys()) == sorted(src.keys())
+  for k in src.keys():
+    np.testing.assert_array_equal(back.lease(k).read(), src.lease(k).read(), err_msg=k)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_gpt_oss_square_experts_with_biases_match_with_no_hint(sharded):
+  """Real gpt-oss experts are square (hidden = expert width) and carry ``*_bias`` siblings:
+  ``gate_up_proj`` and ``gate_up_proj_bias`` are one module's weight and bias, and a square
+  ``down_proj`` is oriented like any other (it was "unmatched")."""
+  src = prj.SafetensorsSource(DATA / "gpt_oss_square.safetensors")
+  ref = np.load(DATA / "gpt_oss_square_reference.npz")
+  e, h, f = 2, 64, 64
+  target = {
+    "layers_0": {
+      "mlp": {
+        "experts": {
+          "gate_up": {"kernel": (e, h, 2 * f), "bias": (e, 2 * f)},
+          "down": {"kernel": (e, f, h), "bias": (e, h)},
+        }
+      }
+    }
+  }
+  target = jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s, np.float32), target, is_leaf=lambda x: isinstance(x, tuple)
+  )
+  if sharded:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+    target = _sharded(target, mesh)
+  out = prj.restore(target, src, recipes=prj.match(target, src, config={"model_type": "gpt_oss"}))
+  experts = out["layers_0"]["mlp"]["experts"]
+  for name, hf in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
+    got = np.asarray(experts[name]["kernel"])
+    np.testing.assert_array_equal(got.view(np.uint32), ref[hf].view(np.uint32), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(experts[name]["bias"]), ref[hf + "_bias"])

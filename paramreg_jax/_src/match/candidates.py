@@ -44,8 +44,9 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     out.append(("conv1d", lambda r: ops.transpose(r, (2, 1, 0))))  # Conv1d OIK -> flax KIO
   if linear and len(src) == 2 and src[::-1] == dst:
     out.append(("t", lambda r: ops.transpose(r, (1, 0))))
-  if linear and len(src) == 3 and dst == (src[0], src[2], src[1]) and src != dst:
-    out.append(("t", lambda r: ops.transpose(r, (0, 2, 1))))  # experts [E, out, in]
+  if linear and len(src) == 3 and dst == (src[0], src[2], src[1]):
+    # experts [E, out, in]; square ones too (the orientation chooses between the two)
+    out.append(("t", lambda r: ops.transpose(r, (0, 2, 1))))
   if len(src) == 2 and src != dst and src[::-1] != dst:
     if _reshapes(src[::-1], dst):
       out.append(("t+heads", lambda r: ops.reshape(ops.transpose(r, (1, 0)), dst)))

@@ -51,9 +51,17 @@ def target_module(name: str) -> str | None:
 
 
 def checkpoint_module(key: str) -> str:
-  """``model.layers.0.self_attn.o_proj`` for ``model.layers.0.self_attn.o_proj.weight``."""
+  """``model.layers.0.self_attn.o_proj`` for ``model.layers.0.self_attn.o_proj.weight``; a
+  weight stored under its module's own name has its bias as a ``_bias`` sibling (gpt-oss's
+  and transformers 5's fused experts: ``experts.gate_up_proj`` and
+  ``experts.gate_up_proj_bias``), one module."""
   parts = _SPLIT.split(key)
-  return key[: -len(parts[-1]) - 1] if len(parts) > 1 and parts[-1].lower() in KIND_WORDS else key
+  if len(parts) > 1 and parts[-1].lower() in KIND_WORDS:
+    return key[: -len(parts[-1]) - 1]
+  return _SIBLING_KIND.sub("", key)
+
+
+_SIBLING_KIND = re.compile(r"_(bias|weight)$", re.IGNORECASE)
 
 
 def modules(keys: Iterable[str]) -> frozenset[str]:
