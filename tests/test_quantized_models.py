@@ -262,7 +262,13 @@ def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, n
       },
     },
   }
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+  target = _sharded(target, mesh)
   out = prj.restore(target, src, recipes=prj.match(target, src))  # no hint
+  assert (
+    out["layers"]["mlp"]["up"]["kernel"].sharding
+    == target["layers"]["mlp"]["up"]["kernel"].sharding
+  )
   np.testing.assert_array_equal(np.asarray(out["final_norm"]["scale"]), ref["model.norm.weight"])
   np.testing.assert_array_equal(
     np.asarray(out["embed"]["embedding"]), ref["model.embed_tokens.weight"]
