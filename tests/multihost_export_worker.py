@@ -8,21 +8,11 @@ import os
 import sys
 
 process_id, port, out_dir, result = sys.argv[1:5]
-os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.dirname(__file__))
 
-import jax  # noqa: E402
+import multihost_start  # noqa: E402
 
-from paramreg_jax._src.devices import use_cpu_devices  # noqa: E402
-
-use_cpu_devices(4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(
-  coordinator_address=f"127.0.0.1:{port}",
-  num_processes=2,
-  process_id=int(process_id),
-  initialization_timeout=60,
-)
+jax = multihost_start.start(process_id, port)
 
 import multihost_export_model as model  # noqa: E402
 

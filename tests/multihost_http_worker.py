@@ -18,21 +18,11 @@ import urllib.request
 process_id, port, url, out_path = sys.argv[1:5]
 options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
 orbax = options.pop("orbax", None) if options else None
-os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.update(orbax["env"] if orbax else {})
 
-import jax  # noqa: E402
+import multihost_start  # noqa: E402
 
-from paramreg_jax._src.devices import use_cpu_devices  # noqa: E402
-
-use_cpu_devices(4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(
-  coordinator_address=f"127.0.0.1:{port}",
-  num_processes=2,
-  process_id=int(process_id),
-  initialization_timeout=60,
-)
+jax = multihost_start.start(process_id, port)
 
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402

@@ -4,25 +4,13 @@ argv: process_id port checkpoint_dir reference.npz out.json
 """
 
 import json
-import os
 import sys
 
 process_id, port, ckpt_dir, reference, out_path = sys.argv[1:6]
-os.environ["JAX_PLATFORMS"] = "cpu"
 
-import jax  # noqa: E402
+import multihost_start  # noqa: E402
 
-from paramreg_jax._src.devices import use_cpu_devices  # noqa: E402
-
-use_cpu_devices(4)
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(
-  coordinator_address=f"127.0.0.1:{port}",
-  num_processes=2,
-  process_id=int(process_id),
-  initialization_timeout=60,
-)
+jax = multihost_start.start(process_id, port)
 
 import numpy as np  # noqa: E402
 import optax  # noqa: E402

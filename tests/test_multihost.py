@@ -21,6 +21,31 @@ import paramreg_jax as prj
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 
 
+def run_workers(argv_of, timeout):
+  """Two worker processes (``argv_of(i)`` after the interpreter), run to the end: their exit
+  codes and output; a worker still running at ``timeout`` is killed."""
+  procs = [
+    subprocess.Popen(
+      [sys.executable, *map(str, argv_of(i))],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  logs = []
+  try:
+    for p in procs:
+      out, _ = p.communicate(timeout=timeout)
+      logs.append(out)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return [p.returncode for p in procs], logs
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -60,34 +85,18 @@ def test_two_processes_restore_their_halves_and_step_like_one(tmp_path):
   np.savez(tmp_path / "ref.npz", **ref)
 
   port = free_port()
-  procs = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        str(WORKER),
-        str(i),
-        str(port),
-        str(tmp_path / "ckpt"),
-        str(tmp_path / "ref.npz"),
-        str(tmp_path / f"out{i}.json"),
-      ],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  logs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=120)
-      logs.append(out)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  assert [p.returncode for p in procs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+  codes, logs = run_workers(
+    lambda i: [
+      WORKER,
+      str(i),
+      str(port),
+      str(tmp_path / "ckpt"),
+      str(tmp_path / "ref.npz"),
+      str(tmp_path / f"out{i}.json"),
+    ],
+    timeout=120,
+  )
+  assert codes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
   results = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
   total = fused.nbytes + w.nbytes
   for r in results:
@@ -107,33 +116,17 @@ def test_two_processes_export_their_tensors_like_one_host(tmp_path):
   params = model.trained(prj.restore(target, src, recipes=recipes))
   prj.export(params, recipes, tmp_path / "one", source=src, max_shard_bytes=model.SHARD_BYTES)
   port = free_port()
-  procs = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        str(EXPORT_WORKER),
-        str(i),
-        str(port),
-        str(tmp_path / "two"),
-        str(tmp_path / f"r{i}.json"),
-      ],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  logs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=300)
-      logs.append(out)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  assert [p.returncode for p in procs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+  codes, logs = run_workers(
+    lambda i: [
+      EXPORT_WORKER,
+      str(i),
+      str(port),
+      str(tmp_path / "two"),
+      str(tmp_path / f"r{i}.json"),
+    ],
+    timeout=300,
+  )
+  assert codes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
   one = {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()}
   for out in ("two", "two-again"):
     two = {p.name: p.read_bytes() for p in (tmp_path / out).iterdir()}
@@ -161,33 +154,17 @@ def test_an_export_whose_peer_dies_or_fails_leaves_the_old_copy_and_nothing_else
   prj.export(params, recipes, final, source=src, max_shard_bytes=model.SHARD_BYTES)
   before = {p.name: p.read_bytes() for p in final.iterdir()}
   port = free_port()
-  procs = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        str(KILL_WORKER),
-        str(i),
-        str(port),
-        str(final),
-        str(tmp_path / f"r{i}.json"),
-        mode,
-      ],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  logs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=240)
-      logs.append(out)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
+  _, logs = run_workers(
+    lambda i: [
+      KILL_WORKER,
+      str(i),
+      str(port),
+      str(final),
+      str(tmp_path / f"r{i}.json"),
+      mode,
+    ],
+    timeout=240,
+  )
   log = "\n\n".join(text[-3000:] for text in logs)
   alive = [0] if mode == "kill" else [0, 1]
   for i in alive:

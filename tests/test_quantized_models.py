@@ -325,7 +325,7 @@ def test_gpt_oss_square_experts_with_biases_match_with_no_hint(sharded):
     target = _sharded(target, mesh)
   out = prj.restore(target, src, recipes=prj.match(target, src, config={"model_type": "gpt_oss"}))
   experts = out["layers_0"]["mlp"]["experts"]
-  for name, hf in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
+  for name, theirs in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
     got = np.asarray(experts[name]["kernel"])
-    np.testing.assert_array_equal(got.view(np.uint32), ref[hf].view(np.uint32), err_msg=name)
-    np.testing.assert_array_equal(np.asarray(experts[name]["bias"]), ref[hf + "_bias"])
+    np.testing.assert_array_equal(got.view(np.uint32), ref[theirs].view(np.uint32), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(experts[name]["bias"]), ref[theirs + "_bias"])
