@@ -24,6 +24,7 @@ from paramreg_jax._src import api_types
 from paramreg_jax._src import devices as devices_lib
 from paramreg_jax._src import errors
 from paramreg_jax._src.optim import align
+from paramreg_jax._src.optim import hyperparams as hyperparams_lib
 from paramreg_jax._src.optim import keyed as keyed_lib
 from paramreg_jax._src.optim import mirrors as mirrors_lib
 from paramreg_jax._src.optim import resize as resize_lib
@@ -142,7 +143,7 @@ def reconcile(
   diff.complete(layout)
   fresh = _fresh(inner, params, layout, diff)
   resized = _resize(layout, old, diff, fresh, on_shape_mismatch)
-  changed = _hyperparams_changed(layout, old, fresh, _scheduled(inner))
+  changed = hyperparams_lib.changed(layout, old, fresh, hyperparams_lib.scheduled(inner))
   if hyperparams == "code":
     diff.needs_init |= {comps for comps, _, _ in changed}
   report = diff.report(old)
@@ -151,7 +152,9 @@ def reconcile(
     report,
     reinitialized=tuple(k for k in report.reinitialized if k not in keys),
     resized=tuple(sorted({(key, how) for (key, how) in resized.values()})),
-    hyperparams=tuple((name, old_v, new_v, hyperparams) for name, old_v, new_v in _shown(changed)),
+    hyperparams=tuple(
+      (name, old_v, new_v, hyperparams) for name, old_v, new_v in hyperparams_lib.shown(changed)
+    ),
   )
   return _assemble(layout, old, diff, fresh), report
 
@@ -249,23 +252,7 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
       problems.append(
         f"{'/'.join(comps)}: old state has {_fmt(spec(have))}, the optimizer now needs {_fmt(want)}"
       )
-  if problems and not had_state & new_keys and old.plain.keys().isdisjoint(layout.owners):
-    seen = sorted("/".join(c) for c in old.plain)[:3]
-    problems.append(
-      f"no entry of the old state is where this optimizer keeps one (it has {', '.join(seen)}, "
-      f"...; this optimizer builds {', '.join('/'.join(c) for c, _ in layout.leaves[:3])}, ...), "
-      "and its parts cannot be matched by what they are (nothing alike, or two alike, such as "
-      "two Adams in one chain): the state was built by another optimizer (or is not an optax "
-      "state). Reconcile with the optimizer that built it and change the optimizer afterwards, "
-      "or start fresh with tx.init(params)"
-    )
-  elif problems:
-    problems.append(
-      "the old state was built by another optimizer (or another configuration of it): its "
-      "non-parameter state does not fit this one. Reconcile with the optimizer that built it "
-      "to carry the state through the model's changes, or start this optimizer fresh with "
-      "tx.init(params) (the parameters are unaffected)"
-    )
+  problems += _way_out(problems, layout, old, had_state, new_keys)
   # a re-initialised key gets fresh state in every leaf it owns
   needs_init |= {
     c for c, owner in layout.owners.items() if owner is not None and owner[1] in mismatched
@@ -281,12 +268,40 @@ def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff
     optimizer_problems=problems,
     optimizer_changed=_optimizer_change(layout, old),
     shifted=_shifted(new_keys & old_keys, had_state, new_keys, old.renamed),
-    incomplete={
-      k: (has, lacks)
-      for k, (has, lacks) in parts.items()
-      if has and lacks and k in old_keys and not new_state_ok
-    },
+    incomplete={} if new_state_ok else _incomplete(parts, old_keys),
   )
+
+
+def _incomplete(
+  parts: dict[str, tuple[list[str], list[str]]], old_keys: set[str]
+) -> dict[str, tuple[list[str], list[str]]]:
+  """The keys whose old state has some of the leaves the new optimizer needs, not all."""
+  return {k: (has, lacks) for k, (has, lacks) in parts.items() if has and lacks and k in old_keys}
+
+
+def _way_out(
+  problems: list[str], layout: Layout, old: OldState, had_state: set[str], new_keys: set[str]
+) -> list[str]:
+  """What to do when the optimizer's own state does not fit (always said, never guessed)."""
+  out: list[str] = []
+  if problems and not had_state & new_keys and old.plain.keys().isdisjoint(layout.owners):
+    seen = sorted("/".join(c) for c in old.plain)[:3]
+    out.append(
+      f"no entry of the old state is where this optimizer keeps one (it has {', '.join(seen)}, "
+      f"...; this optimizer builds {', '.join('/'.join(c) for c, _ in layout.leaves[:3])}, ...), "
+      "and its parts cannot be matched by what they are (nothing alike, or two alike, such as "
+      "two Adams in one chain): the state was built by another optimizer (or is not an optax "
+      "state). Reconcile with the optimizer that built it and change the optimizer afterwards, "
+      "or start fresh with tx.init(params)"
+    )
+  elif problems:
+    out.append(
+      "the old state was built by another optimizer (or another configuration of it): its "
+      "non-parameter state does not fit this one. Reconcile with the optimizer that built it "
+      "to carry the state through the model's changes, or start this optimizer fresh with "
+      "tx.init(params) (the parameters are unaffected)"
+    )
+  return out
 
 
 def _moves(
@@ -422,72 +437,11 @@ def _resize(
   return out
 
 
-def _hyper_paths(layout: Layout) -> list[Path]:
-  """``inject_hyperparams``' numeric hyperparameters in the state (``.../hyperparams/<name>``)."""
-  return [
-    c
-    for c, sds in layout.leaves
-    if layout.owners[c] is None and len(c) >= 2 and c[-2] == "hyperparams" and not sds.shape
-  ]
-
-
 def _fresh(inner: optax.GradientTransformation, params: Any, layout: Layout, diff: _Diff) -> dict:
   """``tx.init``'s leaves, when some leaf needs them or hyperparameters are to be compared."""
-  if not diff.needs_init and not _hyper_paths(layout):
+  if not diff.needs_init and not hyperparams_lib.paths(layout):
     return {}
   return dict(mirrors_lib.state_leaves(inner.init(params)))
-
-
-def _scheduled(tx: Any) -> frozenset[str]:
-  """The names of ``inject_hyperparams``' hyperparameters that ``tx`` (anywhere inside it)
-  takes from a schedule: the schedule is the code, and the value in the state is only its
-  last output (each update recomputes it from the count), so it is never compared."""
-  names: set[str] = set()
-  seen: set[int] = set()
-  todo: list[Any] = [tx]
-  while todo and len(seen) < 10_000:
-    obj = todo.pop()
-    if id(obj) in seen:
-      continue
-    seen.add(id(obj))
-    if isinstance(obj, tuple):  # a GradientTransformation, or a tuple of them (chain)
-      todo.extend(x for x in obj if callable(x) or isinstance(x, tuple))
-    elif callable(obj):
-      code = getattr(obj, "__code__", None)
-      cells = getattr(obj, "__closure__", None) or ()
-      for name, cell in zip(code.co_freevars if code else (), cells):
-        try:
-          value = cell.cell_contents
-        except ValueError:  # an empty cell
-          continue
-        if name == "sched_hps" and isinstance(value, dict):  # optax.inject_hyperparams'
-          names.update(str(k) for k in value)
-        elif callable(value) or isinstance(value, tuple):
-          todo.append(value)
-  return frozenset(names)
-
-
-def _hyperparams_changed(
-  layout: Layout, old: OldState, fresh: dict[Path, Any], scheduled: frozenset[str]
-) -> list[tuple[Path, Any, Any]]:
-  """``(path, state's value, code's value)`` of the numeric hyperparameters that differ (a
-  scheduled one is the code's schedule whatever its last value)."""
-  out = []
-  for comps in _hyper_paths(layout):
-    if comps[-1] in scheduled:
-      continue
-    have, want = old.plain.get(comps), fresh.get(comps)
-    if have is None or want is None:
-      continue
-    if not np.array_equal(np.asarray(have), np.asarray(want)):
-      out.append((comps, have, want))
-  return out
-
-
-def _shown(changed: list[tuple[Path, Any, Any]]) -> list[tuple[str, str, str]]:
-  return [
-    ("/".join(c), f"{np.asarray(a).item():g}", f"{np.asarray(b).item():g}") for c, a, b in changed
-  ]
 
 
 def _assemble(layout: Layout, old: OldState, diff: _Diff, fresh: dict[Path, Any]) -> Any:
