@@ -312,3 +312,9 @@ def test_a_trickled_hub_answer_ends_within_the_timeout(servers):
       "hf://org/model", storage_options={"endpoint": hub.url()}, timeout=2, retries=0
     )
   assert time.monotonic() - start < 3.0
+
+
+def test_a_garbled_hub_answer_is_a_library_error_naming_the_url(servers):
+  hub = servers(lambda r, send: (send(b"garbage\r\n\r\n"), False)[1])
+  with pytest.raises(errors.SourceIOError, match=r"hf://org/model: asking the Hub for the commit"):
+    prj.SafetensorsSource("hf://org/model", storage_options={"endpoint": hub.url()}, retries=0)

@@ -17,6 +17,7 @@ segments, encoded or not, ever reach a URL built here.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -154,7 +155,7 @@ def _get_json(
   for attempt in range(retries + 1):
     try:
       return _ask(url, api, headers, timeout)
-    except (Transient, OSError, ConnectionError) as e:
+    except (Transient, OSError, http.client.HTTPException) as e:  # a garbled answer too
       if attempt == retries:
         kind = "timed out" if isinstance(e, TimeoutError) else f"failed ({e})"
         raise errors.SourceIOError(
