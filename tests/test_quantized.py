@@ -265,35 +265,62 @@ def test_a_tensor_of_many_chunks_equals_gguf(name):
   np.testing.assert_array_equal(_bits(got), _bits(ref[:, 5:]))
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+KEPT = {  # format: (values dtype, values per scale, has minimums)
+  "Q8_0": (np.int8, 32, False),
+  "Q4_0": (ml_dtypes.int4, 32, False),
+  "Q2_K": (ml_dtypes.uint4, 16, True),
+  "Q3_K": (ml_dtypes.int4, 16, False),
+  "Q4_K": (ml_dtypes.uint4, 32, True),
+  "Q5_K": (np.uint8, 32, True),
+  "Q6_K": (np.int8, 16, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT))
 def test_a_quantized_target_keeps_the_blocks_as_values_and_scales(name):
-  """A quantized model's leaves (values and one scale per block, [in, out] as flax kernels)
-  restore as stored, sharded, with no dequantization; values times scales is the dequantized
-  tensor, bit for bit."""
+  """A quantized model's leaves (values, a scale and for some formats a minimum per group,
+  [in, out] as flax kernels) restore as stored, sharded, with no dequantization; scales times
+  values (less the minimums) is gguf's dequantized tensor, bit for bit."""
+  values_dtype, group, has_mins = KEPT[name]
+  block = gguf.GGML_QUANT_SIZES[T[name]][0]
   rng = np.random.default_rng(6)
-  raw, ref = _random_blocks(rng, name, 8, 4)  # [out=8, in=128]
+  raw, ref = _random_blocks(rng, name, 8, 512 // block)  # [out=8, in=512]
   src = prj.MemorySource({"w": raw})
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
-  values_dtype = np.int8 if name == "Q8_0" else ml_dtypes.int4
+  scales_dtype = np.float16 if block == 32 else np.float32
+  groups = 512 // group
   target = {
     "qvalue": jax.ShapeDtypeStruct(
-      (128, 8), values_dtype, sharding=NamedSharding(mesh, P("a", "b"))
+      (512, 8), values_dtype, sharding=NamedSharding(mesh, P("a", "b"))
     ),
-    "scale": jax.ShapeDtypeStruct((4, 8), np.float16, sharding=NamedSharding(mesh, P(None, "b"))),
+    "scale": jax.ShapeDtypeStruct(
+      (groups, 8), scales_dtype, sharding=NamedSharding(mesh, P("a", "b"))
+    ),
   }
   recipes = {
     "qvalue": R.transpose(R.block_values(R.source("w"), name), (1, 0)),
     "scale": R.transpose(R.block_scales(R.source("w"), name), (1, 0)),
   }
+  if has_mins:
+    target["min"] = target["scale"]
+    recipes["min"] = R.transpose(R.block_mins(R.source("w"), name), (1, 0))
   out = prj.restore(target, src, recipes=recipes)
   values = np.asarray(out["qvalue"]).astype(np.float32)
-  scales = np.repeat(np.asarray(out["scale"]).astype(np.float32), 32, axis=0)
-  if name == "Q8_0":
-    np.testing.assert_array_equal(_bits(values * scales), _bits(ref.T))
-  else:  # Q4_0 multiplies the scale first: d * (q - 8)
-    np.testing.assert_array_equal(_bits(scales * values), _bits(ref.T))
-  with pytest.raises(errors.UnknownQuantizationError, match=r"'Q4_K' blocks cannot be kept"):
-    R.block_values(R.source("w"), "Q4_K")
+  x = np.repeat(np.asarray(out["scale"]).astype(np.float32), group, axis=0) * values
+  if has_mins:
+    x = x - np.repeat(np.asarray(out["min"]), group, axis=0)
+  np.testing.assert_array_equal(_bits(x), _bits(ref.T))
+  if not has_mins:
+    with pytest.raises(errors.UnknownQuantizationError, match=rf"{name!r} has no minimums"):
+      R.block_mins(R.source("w"), name)
+
+
+def test_a_format_that_cannot_be_kept_is_refused_naming_those_that_can():
+  for name in ("MXFP4", "Q4_1"):
+    with pytest.raises(
+      errors.UnknownQuantizationError, match=rf"{name!r} blocks cannot be kept.*Q4_K"
+    ):
+      R.block_values(R.source("w"), name)
 
 
 def test_an_unknown_gguf_type_is_named_and_nothing_binds(tmp_path):

@@ -4,6 +4,7 @@ from paramreg_jax._src import deprecation as _deprecation
 from paramreg_jax._src.recipes.inference import infer
 from paramreg_jax._src.recipes.inference import source_keys
 from paramreg_jax._src.recipes.ops import Recipe
+from paramreg_jax._src.recipes.ops import block_mins
 from paramreg_jax._src.recipes.ops import block_scales
 from paramreg_jax._src.recipes.ops import block_values
 from paramreg_jax._src.recipes.ops import cast
@@ -31,6 +32,7 @@ __all__ = (
   "Recipe",
   "RecipeSet",
   "Rename",
+  "block_mins",
   "block_scales",
   "block_values",
   "cast",

@@ -12,6 +12,7 @@ from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
+from paramreg_jax._src.match import kept
 from paramreg_jax._src.match import quantized
 from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
@@ -74,7 +75,7 @@ def match(
   if forms.values_differ:  # decided on values, read as stored (match/quantized.py)
     quantized.check_forms(forms, source)
     source = quantized.ValuesView(source, forms)
-  slots = _slots(target)
+  slots, quantized_weights = kept.collapse(_slots(target))
   if hints is not None and not isinstance(hints, Mapping):
     raise TypeError(
       f"match: hints must be a mapping {{target name: recipe or checkpoint name}}, got "
@@ -95,6 +96,7 @@ def match(
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   if stored is not source:
     ordered = _read_stored(ordered, source, problems)
+  ordered = kept.expand(ordered, quantized_weights, stored, problems)
   ignored = [k for k in keys if k not in used]
   if stored is not source:  # what the weights read is used; activation scales are not
     reads = {k for p in ordered if p.recipe is not None for k in inference.source_keys(p.recipe)}

@@ -13,6 +13,7 @@ from paramreg_jax._src.recipes.ops.base import Recipe
 from paramreg_jax._src.recipes.ops.base import check_axis
 from paramreg_jax._src.recipes.ops.base import check_recipe
 from paramreg_jax._src.recipes.ops.block_part import BlockPart
+from paramreg_jax._src.recipes.ops.block_part import block_mins
 from paramreg_jax._src.recipes.ops.block_part import block_scales
 from paramreg_jax._src.recipes.ops.block_part import block_values
 from paramreg_jax._src.recipes.ops.cast import Cast
@@ -65,6 +66,7 @@ __all__ = (
   "SubtractOne",
   "Transpose",
   "View",
+  "block_mins",
   "block_scales",
   "block_values",
   "cast",

@@ -17,16 +17,37 @@ QK_K = 256  # values per block of the k-quants
 
 
 @dataclasses.dataclass(frozen=True)
+class Parts:
+  """A block's contents as a quantized model holds them: ``values [n, block]``, and one scale
+  (and, for the formats with minimums, one minimum) per group of ``block // groups`` values:
+  ``x = scale * q`` or ``x = scale * q - min``, in float32, as the reference computes it."""
+
+  values: np.ndarray
+  scales: np.ndarray
+  mins: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+  """How a format is kept quantized: the dtypes of its parts, its groups per block, and
+  ``split(blocks) -> Parts``."""
+
+  values_dtype: np.dtype
+  scales_dtype: np.dtype
+  groups: int
+  mins: bool
+  split: Callable[[np.ndarray], Parts]
+
+
+@dataclasses.dataclass(frozen=True)
 class QuantFormat:
-  """A block format. ``split``, for the formats a quantized model can hold as they are (one
-  scale per block), gives ``(values [n, block] of values_dtype, scales [n, 1] float16)``."""
+  """A block format; ``kept`` for the formats a quantized model can hold as they are."""
 
   name: str
   block: int
   nbytes: int
   dequantize: Callable[[np.ndarray], np.ndarray]
-  values_dtype: np.dtype | None = None
-  split: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+  kept: Kept | None = None
 
 
 def f16(column: np.ndarray) -> np.ndarray:

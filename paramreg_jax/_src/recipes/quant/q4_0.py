@@ -15,10 +15,11 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
   return d * qs.astype(np.float32)
 
 
-def split(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def split(blocks: np.ndarray) -> base.Parts:
   """The int4 values (``q - 8``) and the float16 scale of each block."""
   qs = base.nibbles(blocks[:, 2:], blocks.shape[0], 16).astype(np.int8) - np.int8(8)
-  return qs.astype(ml_dtypes.int4), np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+  return base.Parts(qs.astype(ml_dtypes.int4), np.ascontiguousarray(blocks[:, :2]).view(np.float16))
 
 
-FORMAT = base.QuantFormat("Q4_0", 32, 18, dequantize, np.dtype(ml_dtypes.int4), split)
+KEPT = base.Kept(np.dtype(ml_dtypes.int4), np.dtype(np.float16), 1, False, split)
+FORMAT = base.QuantFormat("Q4_0", 32, 18, dequantize, KEPT)

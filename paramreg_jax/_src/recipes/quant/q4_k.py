@@ -3,6 +3,7 @@ float16 ``d``/``dmin`` (144 bytes): ``x = d * sc * q - dmin * m``."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src.recipes.quant import base
@@ -19,14 +20,30 @@ def scale_min(packed: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
   return sc.reshape((n, 8)), mins.reshape((n, 8))
 
 
-def dequantize(blocks: np.ndarray) -> np.ndarray:
+def group_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Each group's scale ``d * sc`` and minimum ``dmin * m``, float32 ``[n, 8]`` (Q4_K, Q5_K)."""
   n = blocks.shape[0]
   d, dmin = base.f16(blocks[:, :2]), base.f16(blocks[:, 2:4])
   sc, m = scale_min(blocks[:, 4:16], n)
-  dl = (d * sc.astype(np.float32)).reshape((n, -1, 1))
-  dm = (dmin * m.astype(np.float32)).reshape((n, -1, 1))
-  q = base.nibbles(blocks[:, 16:], n, 32).reshape((n, -1, 32)).astype(np.float32)
-  return (dl * q - dm).reshape((n, K))
+  return d * sc.astype(np.float32), dmin * m.astype(np.float32)
 
 
-FORMAT = base.QuantFormat("Q4_K", K, 144, dequantize)
+def _values(blocks: np.ndarray) -> np.ndarray:
+  return base.nibbles(blocks[:, 16:], blocks.shape[0], 32)
+
+
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+  n = blocks.shape[0]
+  dl, dm = group_scales(blocks)
+  q = _values(blocks).reshape((n, -1, 32)).astype(np.float32)
+  return (dl.reshape((n, -1, 1)) * q - dm.reshape((n, -1, 1))).reshape((n, K))
+
+
+def split(blocks: np.ndarray) -> base.Parts:
+  """The 4-bit values (0..15), and each group's scale and minimum with ``d``/``dmin`` folded in."""
+  scales, mins = group_scales(blocks)
+  return base.Parts(_values(blocks).astype(ml_dtypes.uint4), scales, mins)
+
+
+KEPT = base.Kept(np.dtype(ml_dtypes.uint4), np.dtype(np.float32), 8, True, split)
+FORMAT = base.QuantFormat("Q4_K", K, 144, dequantize, KEPT)

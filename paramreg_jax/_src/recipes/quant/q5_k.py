@@ -11,17 +11,27 @@ from paramreg_jax._src.recipes.quant import q4_k
 K = base.QK_K
 
 
-def dequantize(blocks: np.ndarray) -> np.ndarray:
+def _values(blocks: np.ndarray) -> np.ndarray:
+  """The 5-bit values (0..31), uint8 ``[n, 256]``."""
   n = blocks.shape[0]
-  d, dmin = base.f16(blocks[:, :2]), base.f16(blocks[:, 2:4])
-  sc, m = q4_k.scale_min(blocks[:, 4:16], n)
   qh, qs = blocks[:, 16 : 16 + K // 8], blocks[:, 16 + K // 8 :]
-  dl = (d * sc.astype(np.float32)).reshape((n, -1, 1))
-  dm = (dmin * m.astype(np.float32)).reshape((n, -1, 1))
   ql = base.nibbles(qs, n, 32).reshape((n, -1, 32))
   high = (base.bits(qh, n, 8, 32, 1) & np.uint8(0x01)).reshape((n, -1, 32))
-  q = (ql | (high << np.uint8(4))).astype(np.float32)
-  return (dl * q - dm).reshape((n, K))
+  return (ql | (high << np.uint8(4))).reshape((n, K))
 
 
-FORMAT = base.QuantFormat("Q5_K", K, 176, dequantize)
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+  n = blocks.shape[0]
+  dl, dm = q4_k.group_scales(blocks)
+  q = _values(blocks).reshape((n, -1, 32)).astype(np.float32)
+  return (dl.reshape((n, -1, 1)) * q - dm.reshape((n, -1, 1))).reshape((n, K))
+
+
+def split(blocks: np.ndarray) -> base.Parts:
+  """The 5-bit values, and each group's scale and minimum with ``d``/``dmin`` folded in."""
+  scales, mins = q4_k.group_scales(blocks)
+  return base.Parts(_values(blocks), scales, mins)
+
+
+KEPT = base.Kept(np.dtype(np.uint8), np.dtype(np.float32), 8, True, split)
+FORMAT = base.QuantFormat("Q5_K", K, 176, dequantize, KEPT)

@@ -13,10 +13,11 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
   return x * d
 
 
-def split(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def split(blocks: np.ndarray) -> base.Parts:
   """The int8 values and the float16 scale of each block, as stored."""
   values = np.ascontiguousarray(blocks[:, 2:]).view(np.int8)
-  return values, np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+  return base.Parts(values, np.ascontiguousarray(blocks[:, :2]).view(np.float16))
 
 
-FORMAT = base.QuantFormat("Q8_0", 32, 34, dequantize, np.dtype(np.int8), split)
+KEPT = base.Kept(np.dtype(np.int8), np.dtype(np.float16), 1, False, split)
+FORMAT = base.QuantFormat("Q8_0", 32, 34, dequantize, KEPT)
