@@ -499,3 +499,22 @@ def test_one_moe_saved_fused_and_per_expert_restores_into_one_target_and_exports
       assert sorted(want) == sorted(got), (source_layout, layout)
       for k in want:
         assert want[k].tobytes() == got[k].tobytes(), (source_layout, layout, k)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_norms_named_with_norm_for_layernorm_are_transformers_norms(model_type):
+  """``input_norm``/``post_attention_norm`` (the checkpoint's words, ``_norm`` for
+  ``_layernorm``) take the norms transformers means by them: Llama's post-attention norm is
+  the one before the MLP, Gemma 2's the one after the attention; checked by value."""
+  names = ["input_layernorm", "post_attention_layernorm"]
+  if model_type == "gemma2":
+    names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+  src = prj.MemorySource(
+    {f"model.layers.0.{n}.weight": np.full((8,), i, np.float32) for i, n in enumerate(names)}
+  )
+  leaf = jax.ShapeDtypeStruct((8,), np.float32)
+  target = {"layers_0": {n.replace("layernorm", "norm"): {"scale": leaf} for n in names}}
+  m = prj.match(target, src, config={"model_type": model_type})
+  out = prj.restore(target, src, recipes=m)
+  for i, n in enumerate(names):
+    np.testing.assert_array_equal(out["layers_0"][n.replace("layernorm", "norm")]["scale"], i)

@@ -288,6 +288,9 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
 
 _ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$")
 _PRE_FFN = "pre_feedforward_layernorm"
+# a target's names, with ``_norm`` for ``_layernorm`` as the vocabulary folds them
+_POST_ATTN = re.compile(r"post_attention_(layer)?norm")
+_PRE_FFN_TARGET = re.compile(r"pre_feedforward_(layer)?norm")
 
 
 def target_concepts(name: str, slot_names: list[str], facts: Facts) -> Concepts:
@@ -295,8 +298,8 @@ def target_concepts(name: str, slot_names: list[str], facts: Facts) -> Concepts:
   Gemma 2's: its ``post_attention_layernorm`` is the attention's post-norm where the
   checkpoint's model type says so or the target has a ``pre_feedforward_layernorm`` too."""
   c = concepts(name)
-  if "post_attention_layernorm" in name and (
-    facts.post_norms or any(_PRE_FFN in n for n in slot_names)
+  if _POST_ATTN.search(name) and (
+    facts.post_norms or any(_PRE_FFN_TARGET.search(n) for n in slot_names)
   ):
     return dataclasses.replace(c, tokens=frozenset((c.tokens - {"mlp"}) | {"attn", "post"}))
   return c

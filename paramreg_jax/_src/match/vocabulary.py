@@ -218,6 +218,8 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
       i += 1
   tokens: list[str] = []
   for word in folded:
+    if word not in _WORDS and word.endswith("_norm") and f"{word[:-5]}_layernorm" in _WORDS:
+      word = f"{word[:-5]}_layernorm"  # input_norm, post_attention_norm: the same words
     if word in _WORDS:
       tokens.extend(_WORDS[word])
     elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
