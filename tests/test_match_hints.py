@@ -402,3 +402,55 @@ def test_a_name_hint_into_a_bfloat16_target_gets_its_cast():
     np.asarray(out["embed"]["embedding"]).astype(np.float32),
     np.arange(256, dtype=np.float32).reshape(32, 8).astype(bf16).astype(np.float32),
   )
+
+
+def test_hints_written_checkpoint_to_target_say_swapped_and_the_paste_works():
+  """Hints written the way ``rename`` is (checkpoint -> target) are refused with the dict the
+  right way round; pasting it restores the named tensor."""
+
+  src = prj.MemorySource(
+    {"a.weight": np.full((4,), 1.0, np.float32), "b.weight": np.full((4,), 2.0, np.float32)}
+  )
+  leaf = jax.ShapeDtypeStruct((4,), np.float32)
+  target = {"x": {"scale": leaf}, "y": {"scale": leaf}}
+  with pytest.raises(prj.errors.MatchError, match=r"swapped\?") as e:
+    prj.match(target, src, hints={"a.weight": "x/scale", "b.weight": "y/scale"})
+  pasted = ast.literal_eval(str(e.value).rsplit("hints=", 1)[1])
+  assert pasted == {"x/scale": "a.weight", "y/scale": "b.weight"}
+  out = prj.restore(target, src, recipes=prj.match(target, src, hints=pasted))
+  np.testing.assert_array_equal(out["x"]["scale"], 1.0)
+  np.testing.assert_array_equal(out["y"]["scale"], 2.0)
+
+
+@pytest.mark.parametrize(
+  "call, kwargs, message",
+  [
+    (
+      "match",
+      {"rename": {}},
+      "match() got unexpected keyword arguments: rename=: rename= is "
+      "restore's (checkpoint key -> target name rules); match takes hints={target name: "
+      "checkpoint name}",
+    ),
+    (
+      "restore",
+      {"hints": {}},
+      "restore() got unexpected keyword arguments: hints=: hints= is "
+      "match's: m = prj.match(target, source, hints={...}); then prj.restore(target, source, "
+      "recipes=m)",
+    ),
+    (
+      "restore",
+      {"recipe": {}},
+      "restore() got unexpected keyword arguments: recipe=: not an "
+      "argument of restore; did you mean 'recipes'?",
+    ),
+  ],
+)
+def test_an_argument_of_the_other_call_says_where_it_belongs(call, kwargs, message):
+  src = prj.MemorySource({"a": np.zeros((4,), np.float32)})
+  target = {"a": jax.ShapeDtypeStruct((4,), np.float32)}
+  with pytest.raises(TypeError) as e:
+    getattr(prj, call)(target, src, **kwargs)
+  assert str(e.value) == message
+  assert src.stats.reads == 0

@@ -308,3 +308,29 @@ def note_interrupted(error: BaseException, key: Any) -> None:
   that knows says it)."""
   if hasattr(error, "add_note") and not getattr(error, "__notes__", None):
     error.add_note(f"paramreg_jax: interrupted while materializing {key}; nothing was kept")
+
+
+# arguments users pass to the other half of match -> restore, and where they belong
+_ELSEWHERE = {
+  ("match", "rename"): "rename= is restore's (checkpoint key -> target name rules); match "
+  "takes hints={target name: checkpoint name}",
+  ("match", "recipes"): "match proposes the recipes; pass its result to restore(..., recipes=m)",
+  ("restore", "hints"): "hints= is match's: m = prj.match(target, source, hints={...}); then "
+  "prj.restore(target, source, recipes=m)",
+  ("restore", "config"): "config= is match's (a checkpoint's config.json); restore reads what "
+  "the recipes say",
+}
+
+
+def refuse_arguments(fn: str, given: dict[str, Any], accepted: Iterable[str]) -> None:
+  """A ``TypeError`` naming ``fn``, each argument it does not take, and where it belongs (or
+  the closest it does take); nothing if ``given`` is empty."""
+  if not given:
+    return
+  accepted = list(accepted)
+  said = [
+    f"{name}=: "
+    + _ELSEWHERE.get((fn, name), f"not an argument of {fn}{did_you_mean(name, accepted)}")
+    for name in given
+  ]
+  raise TypeError(f"{fn}() got unexpected keyword arguments: " + "; ".join(said))

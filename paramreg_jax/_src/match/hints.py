@@ -47,10 +47,35 @@ def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
       out.setdefault(name, _at_layer(hint, i))
   if unknown:
     raise errors.MatchError(
-      "hints name parameters the target does not have: " + "; ".join(unknown), tuple(unknown)
+      "hints name parameters the target does not have: "
+      + "; ".join(unknown)
+      + _swapped(plain, names),
+      tuple(unknown),
     )
   out.update({k: v for k, v in plain.items() if "{i}" not in k})  # an exact name wins
   return out
+
+
+def _swapped(plain: dict[str, Any], names: list[str]) -> str:
+  """The hints written checkpoint -> target (a value that is a target name, a key that is
+  not), with the dict to paste; empty if none is."""
+
+  def is_target(text: str) -> bool:
+    if "{i}" not in text:
+      return text in names
+    rx = re.compile(re.escape(text).replace(re.escape("{i}"), r"\d+") + "$")
+    return any(rx.match(n) for n in names)
+
+  known = set(names)
+  turned = {
+    v: k for k, v in plain.items() if isinstance(v, str) and k not in known and is_target(v)
+  }
+  if not turned:
+    return ""
+  return (
+    f"; swapped? hints map target name -> checkpoint name (as rename maps checkpoint -> "
+    f"target the other way round): hints={turned!r}"
+  )
 
 
 def _at_layer(hint: Any, i: str) -> Any:

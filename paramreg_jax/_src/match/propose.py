@@ -30,6 +30,7 @@ def match(
   *,
   hints: api_types.Hints | None = None,
   config: Mapping[str, Any] | None = None,
+  **unexpected: Any,
 ) -> Match:
   """Proposes the complete recipe set that restores ``target`` from ``source``, from metadata.
 
@@ -69,6 +70,7 @@ def match(
     Match: 1 parameters from MemorySource(3 tensors)
       layers/mlp/up/kernel  <- stack(3 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)), axis=0)   [name + transpose, stacked 3 layers]
   """
+  errors.refuse_arguments("match", unexpected, ("hints", "config"))
   source_lib.check_source(source, "match")
   stored = source
   forms = quantized.stored_forms(source, config)

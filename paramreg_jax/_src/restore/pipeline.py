@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from paramreg_jax._src import api_types
+from paramreg_jax._src import errors
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.sources import base as source_lib
+
+_OPTIONS = (
+  "recipes",
+  "aliases",
+  "rename",
+  "exclude",
+  "dtype_policy",
+  "max_inflight_bytes",
+  "progress",
+  "backend",
+)
 
 
 def restore(
@@ -25,6 +38,7 @@ def restore(
   max_inflight_bytes: int | None = None,
   progress: bool = False,
   backend: contract.ParameterBackend | None = None,
+  **unexpected: Any,
 ) -> api_types.PyTree:
   """Restores ``target`` from ``source``: plan, materialize, bind, all or nothing.
 
@@ -74,6 +88,7 @@ def restore(
     >>> params["dense"]["kernel"].shape
     (2, 3)
   """
+  errors.refuse_arguments("restore", unexpected, _OPTIONS)
   planning.check_arguments(source, dtype_policy)
   with materialize_lib.no_cyclic_gc():
     leaves, treedef, slots = target_lib.slots(target)  # once, for the plan and the bind
