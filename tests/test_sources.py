@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
+import paramreg_jax as prj
 from paramreg_jax import Indices
 from paramreg_jax import MemorySource
 from paramreg_jax import OrbaxSource
@@ -358,3 +359,19 @@ def test_fp8_and_bf16_from_a_hand_written_safetensors_file(tmp_path):
   assert (
     R.evaluate(R.view(R.source("f8"), np.uint8, (4,)), src).tolist() == f8.view(np.uint8).tolist()
   )
+
+
+@pytest.mark.parametrize("opener", ["SafetensorsSource", "OrbaxSource"])
+def test_a_hub_id_given_as_a_path_suggests_hf(opener, tmp_path, monkeypatch):
+  """``owner/name`` that is no local path reads as the Hub id it is: the message gives the
+  call that opens it, ready to paste; a path that is not Hub-shaped gets no such advice."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(prj.errors.ParamRegError) as e:
+    getattr(prj, opener)("sentence-transformers/all-MiniLM-L6-v2")
+  assert str(e.value).endswith(
+    "; a Hugging Face Hub id? prj.SafetensorsSource('hf://sentence-transformers/"
+    "all-MiniLM-L6-v2') reads it from the Hub"
+  )
+  with pytest.raises(prj.errors.ParamRegError) as e:
+    getattr(prj, opener)("models/tiny/model.safetensors")
+  assert "Hub id" not in str(e.value)

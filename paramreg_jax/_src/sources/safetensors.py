@@ -120,7 +120,9 @@ class SafetensorsSource(source_lib.BaseSource):
     elif self.path.exists():
       self._add(SafetensorsFile(stores.LocalFile(self.path)))
     else:
-      raise errors.MissingShardError(f"{self.path}: no such file or directory")
+      raise errors.MissingShardError(
+        f"{self.path}: no such file or directory{stores.missing_local(self.path)}"
+      )
 
   def _open_remote(
     self, url: str, options: Any, retries: int, timeout: float, min_throughput: float
