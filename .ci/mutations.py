@@ -178,6 +178,20 @@ MUTATIONS = (
     "  if False:\n",
     ("tests/test_reconcile.py", "-k", "half_a_moment"),
   ),
+  Mutation(
+    "kept quantized: a reshape above the blocks let through",
+    "paramreg_jax/_src/match/kept.py",
+    '  raise _NotKept(\n    f"its values are read through',
+    '  return recipe\n  raise _NotKept(\n    f"its values are read through',
+    ("tests/test_kept_quantized.py", "-k", "heads_split"),
+  ),
+  Mutation(
+    "kept quantized: the group size not compared with the target's",
+    "paramreg_jax/_src/match/kept.py",
+    "  if group != g.group:\n",
+    "  if False:\n",
+    ("tests/test_kept_quantized.py", "-k", "cannot_fill"),
+  ),
 )
 
 

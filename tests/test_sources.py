@@ -361,7 +361,7 @@ def test_fp8_and_bf16_from_a_hand_written_safetensors_file(tmp_path):
   )
 
 
-@pytest.mark.parametrize("opener", ["SafetensorsSource", "OrbaxSource"])
+@pytest.mark.parametrize("opener", ["SafetensorsSource"])
 def test_a_hub_id_given_as_a_path_suggests_hf(opener, tmp_path, monkeypatch):
   """``owner/name`` that is no local path reads as the Hub id it is: the message gives the
   call that opens it, ready to paste; a path that is not Hub-shaped gets no such advice."""

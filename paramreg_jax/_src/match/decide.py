@@ -38,7 +38,7 @@ def choose(
   their decided siblings (module) and by the other layers (layer); conflicts refused; fused
   tensors split in their known layout; keys claimed twice refused. ``hinted``: targets whose
   candidates a hint named (any score counts)."""
-  picked, open_ = _best(slots, ranked, proposals, hinted)
+  picked, open_ = _best(slots, ranked, proposals, hinted, ck)
   _settle(picked, open_, proposals)
   problems = _conflicts(picked, proposals, hinted)
   problems.update(
@@ -66,11 +66,13 @@ def _best(
   ranked: dict[str, list[Candidate]],
   proposals: dict[str, Proposal],
   hinted: frozenset[str],
+  ck: evidence.Checkpoint,
 ) -> tuple[dict[str, Candidate], dict[str, list[Candidate]]]:
   """Each target's single best candidate by name (``picked``), and the open ones: tied at the
   top, or (below the name threshold) every candidate that fits the shape."""
   picked: dict[str, Candidate] = {}
   open_: dict[str, list[Candidate]] = {}
+  shapes = [tuple(s.shape) for s in slots]
   for slot in slots:
     if slot.name in proposals:
       continue
@@ -80,7 +82,10 @@ def _best(
     else:
       cands = [c for c in every if c.score >= MIN_SCORE]
     if not cands:
-      if every:
+      unique = _unique_embedding(slot, every, shapes, ck)
+      if unique is not None:
+        picked[slot.name] = unique
+      elif every:
         open_[slot.name] = every
       continue  # maybe a tied head; decided in tie_heads
     rivals = [c for c in cands[1:] if c.score == cands[0].score]
@@ -89,6 +94,23 @@ def _best(
     else:
       picked[slot.name] = cands[0]
   return picked, open_
+
+
+def _unique_embedding(
+  slot: Any, every: list[Candidate], shapes: list[tuple[int, ...]], ck: evidence.Checkpoint
+) -> Candidate | None:
+  """An embedding table whose shape no other target leaf and no other checkpoint tensor has,
+  when that tensor is an embedding table too (``tokens/embedding`` and
+  ``embeddings.word_embeddings.weight``): taken although the names share only the kind."""
+  shape = tuple(slot.shape)
+  table = slot.name.rpartition("/")[2] == "embedding" or "embed" in concepts(slot.name).tokens
+  if not table or len(shape) != 2 or shapes.count(shape) != 1:
+    return None
+  same = [k for k, s in ck.shapes.items() if tuple(s) == shape]
+  plain = [c for c in every if c.keys == tuple(same) and "transpose" not in c.reason]
+  if len(same) != 1 or len(plain) != 1 or "embed" not in ck.concepts[same[0]].tokens:
+    return None
+  return dataclasses.replace(plain[0], reason="unique shape, both embeddings")
 
 
 def _top(cands: list[Candidate]) -> list[Candidate]:

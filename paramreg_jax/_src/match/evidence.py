@@ -297,7 +297,7 @@ def target_concepts(name: str, slot_names: list[str], facts: Facts) -> Concepts:
   """A target parameter's concepts, with the role of a norm named as transformers names
   Gemma 2's: its ``post_attention_layernorm`` is the attention's post-norm where the
   checkpoint's model type says so or the target has a ``pre_feedforward_layernorm`` too."""
-  c = concepts(name)
+  c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
   if _POST_ATTN.search(name) and (
     facts.post_norms or any(_PRE_FFN_TARGET.search(n) for n in slot_names)
   ):

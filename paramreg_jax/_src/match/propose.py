@@ -56,8 +56,8 @@ def match(
     the table, ``.to_python()`` for the code.
 
   Raises:
-    MatchError: some parameters are unmatched or ambiguous (each listed with its ranked
-      candidates; ``.partial`` holds what was matched), or the proposal does not plan.
+    MatchError: parameters unmatched or ambiguous (each with its ranked candidates;
+      ``.partial`` holds what was matched), or the proposal does not plan.
 
   Examples:
     >>> import jax, numpy as np
@@ -78,11 +78,7 @@ def match(
     quantized.check_forms(forms, source)
     source = quantized.ValuesView(source, forms)
   slots, quantized_weights = kept.collapse(_slots(target))
-  if hints is not None and not isinstance(hints, Mapping):
-    raise TypeError(
-      f"match: hints must be a mapping {{target name: recipe or checkpoint name}}, got "
-      f"{type(hints).__name__} {hints!r:.60}"
-    )
+  _check_hints(hints)
   keys = list(source.keys())
   given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
   ck = _read_checkpoint(slots, source, keys, config, frozenset(given))
@@ -123,6 +119,14 @@ def match(
       result,
     ) from e
   return result
+
+
+def _check_hints(hints: Any) -> None:
+  if hints is not None and not isinstance(hints, Mapping):
+    raise TypeError(
+      f"match: hints must be a mapping {{target name: recipe or checkpoint name}}, got "
+      f"{type(hints).__name__} {hints!r:.60}"
+    )
 
 
 def _read_stored(ordered: list[Proposal], view: Any, problems: list[str]) -> list[Proposal]:

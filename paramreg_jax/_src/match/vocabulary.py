@@ -218,8 +218,6 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
       i += 1
   tokens: list[str] = []
   for word in folded:
-    if word not in _WORDS and word.endswith("_norm") and f"{word[:-5]}_layernorm" in _WORDS:
-      word = f"{word[:-5]}_layernorm"  # input_norm, post_attention_norm: the same words
     if word in _WORDS:
       tokens.extend(_WORDS[word])
     elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
@@ -239,6 +237,19 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
   if indexed and "final" in tokens and "norm" in tokens:
     tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
   return frozenset(tokens), kind, not kinds
+
+
+def as_layernorm(name: str) -> str:
+  """A target's name with ``X_norm`` read as transformers' ``X_layernorm`` where the vocabulary
+  knows that (``input_norm``, ``post_attention_norm``): a user abbreviating the checkpoint's
+  words means its norm. (Only for targets: a GGUF's own ``post_attention_norm`` is the
+  attention's post-norm, in its own words.)"""
+  parts = name.split("/")
+  for i, word in enumerate(parts):
+    low = word.lower()
+    if low not in _WORDS and low.endswith("_norm") and f"{low[:-5]}_layernorm" in _WORDS:
+      parts[i] = f"{low[:-5]}_layernorm"
+  return "/".join(parts)
 
 
 def known(word: str) -> bool:

@@ -76,15 +76,12 @@ def resolve_checkpoint_dir(
   """
   from orbax.checkpoint import path as ocp_path
 
-  given = path
   if stores.is_url(str(path)):
     orbax_remote.check_listing(path)
   else:
     path = path.absolute()  # epath's absolute() would prefix a URL with the working directory
   if not path.is_dir():
-    raise errors.StoreError(
-      f"{path}: no such orbax checkpoint directory{stores.missing_local(given)}"
-    )
+    raise errors.StoreError(f"{path}: no such orbax checkpoint directory")
   if isinstance(step, str) and step.strip().isdigit():
     step = int(step)  # "2" from a config file or a command line
   if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
