@@ -121,7 +121,7 @@ class SafetensorsSource(source_lib.BaseSource):
       self._add(SafetensorsFile(stores.LocalFile(self.path)))
     else:
       raise errors.MissingShardError(
-        f"{self.path}: no such file or directory{stores.missing_local(self.path)}"
+        f"{self.path}: no such file or directory{hub.suggest_for_missing(self.path)}"
       )
 
   def _open_remote(

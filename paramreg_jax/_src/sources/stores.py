@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import threading
 from typing import Any
 
@@ -29,18 +28,6 @@ SCRATCH_BYTES = 8 * 1024 * 1024
 def is_url(path: Any) -> bool:
   text = os.fspath(path) if isinstance(path, os.PathLike) else path
   return isinstance(text, str) and "://" in text and not text.startswith("file://")
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
-
-
-def missing_local(path: Any) -> str:
-  """What to say of a local path that does not exist: ``"; a Hugging Face Hub id? ..."``
-  when it reads as ``owner/name`` (the Hub's own form), else ``""``."""
-  text = str(path)
-  if _HUB_ID.match(text) and not text.startswith(".") and not pathlib.Path(text).exists():
-    return f"; a Hugging Face Hub id? prj.SafetensorsSource('hf://{text}') reads it from the Hub"
-  return ""
 
 
 class LocalFile:
