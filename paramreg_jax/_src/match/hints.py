@@ -39,8 +39,7 @@ def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
       if key not in known:
         unknown.append(f"{key!r}{errors.did_you_mean(key, names)}")
       continue
-    rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"(\d+)") + "$")
-    hits = [(n, m.group(1)) for n in names if (m := rx.match(n))]
+    hits = _layers_of(key, names)
     if not hits:
       unknown.append(f"{key!r} (no target name fits the template)")
     for name, i in hits:
@@ -56,19 +55,23 @@ def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
   return out
 
 
+def _layers_of(template: str, names: list[str]) -> list[tuple[str, str]]:
+  """``(name, layer)`` of each target name a ``{i}`` template fits (none without ``{i}``)."""
+  if "{i}" not in template:
+    return []
+  rx = re.compile(re.escape(template).replace(re.escape("{i}"), r"(\d+)") + "$")
+  return [(n, m.group(1)) for n in names if (m := rx.match(n))]
+
+
 def _swapped(plain: dict[str, Any], names: list[str]) -> str:
   """The hints written checkpoint -> target (a value that is a target name, a key that is
   not), with the dict to paste; empty if none is."""
 
-  def is_target(text: str) -> bool:
-    if "{i}" not in text:
-      return text in names
-    rx = re.compile(re.escape(text).replace(re.escape("{i}"), r"\d+") + "$")
-    return any(rx.match(n) for n in names)
-
   known = set(names)
   turned = {
-    v: k for k, v in plain.items() if isinstance(v, str) and k not in known and is_target(v)
+    v: k
+    for k, v in plain.items()
+    if isinstance(v, str) and k not in known and (v in known or _layers_of(v, names))
   }
   if not turned:
     return ""
