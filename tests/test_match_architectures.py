@@ -95,10 +95,18 @@ def test_a_fused_qkv_of_unknown_layout_is_refused_kernels_and_biases(name, tmp_p
     prj.match(target, src)
   text = str(info.value)
   assert "is not known for this checkpoint (no config.json)" in text
-  assert "per head, [heads, 3, head_dim]" in text and "4 blocks of [q | v | k]" in text
-  assert "layers_0/attention/query/kernel, layers_0/attention/key/kernel" in text
+  assert "layers_{i}/attention/query/kernel, layers_{i}/attention/key/kernel" in text
   if arch.qkv_bias:
-    assert "layers_0/attention/query/bias, layers_0/attention/key/bias" in text
+    assert "layers_{i}/attention/query/bias, layers_{i}/attention/key/bias" in text
+  # each part is offered in every layout that tiles the tensor, none chosen
+  layouts = prj._src.match.evidence.LAYOUTS
+  fits = ["contiguous", "grouped"] if name == "falcon_grouped" else list(layouts)
+  for part in ("query", "key", "value"):  # every layout whose parts tile the tensor, once
+    lines = [
+      line for line in text.splitlines() if f'  # "layers_{{i}}/attention/{part}/kernel"' in line
+    ]
+    said = [line.partition("# if laid out ")[2].split(", or ") for line in lines]
+    assert sorted(s for layout in said for s in layout) == sorted(layouts[k] for k in fits)
   assert src.stats.reads == 0
 
 
@@ -266,11 +274,17 @@ def test_an_ambiguity_lists_every_candidate_with_its_recipe_and_offers_no_pick()
     prj.match({"attn": {"q": {"kernel": sds((4, 4))}}}, src)
   text = str(info.value)
   assert "attn/q/kernel: ambiguous between 2 candidates of equal score" in text
-  assert "'attn.q.weight' [name] (1.00): R.source('attn.q.weight')" in text
+  # one name, two layouts: each choice is its recipe (the name would not say which)
   assert (
-    "'attn.q.weight' [name + transpose] (1.00): R.transpose(R.source('attn.q.weight'), (1, 0))"
-  ) in text
-  assert "only the layout differs: give the recipe of the right one as the hint" in text
+    """\
+hints = {
+  # attn/q/kernel (4, 4): ambiguous; uncomment one:
+  # "attn/q/kernel": R.source('attn.q.weight'),  # name (1.00)
+  # "attn/q/kernel": R.transpose(R.source('attn.q.weight'), (1, 0)),  # name + transpose (1.00)
+}"""
+    in text
+  )
+  assert "only the layout differs: give the recipe of the right one" in info.value.problems[0]
   assert "choose the first" not in text  # list order is no evidence
 
 
@@ -332,8 +346,11 @@ def test_shapes_and_the_orientation_settle_names_that_do_not():
   bare = {"mlp": {"x": sds((4, 6)), "y": sds((6, 4))}}
   with pytest.raises(prj.MatchError, match=r"mlp/x: ambiguous") as info:
     prj.match(bare, src)
-  assert "R.transpose(R.source('mlp.up_proj.weight'), (1, 0))" in str(info.value)
-  assert "R.source('mlp.down_proj.weight')" in str(info.value)
+  choices = {c.code for c in info.value.problems[0].choices["mlp/x"]}
+  assert choices == {'"mlp.up_proj.weight"', '"mlp.down_proj.weight"'}  # a name each: one layout
+  (x,) = (p for p in info.value.problems if "mlp/x" in p.targets)
+  assert "R.transpose(R.source('mlp.up_proj.weight'), (1, 0))" in x  # its full text
+  assert "R.source('mlp.down_proj.weight')" in x
 
 
 def test_a_square_weight_held_out_first_is_oriented_by_the_decided_weights_not_the_config():

@@ -226,12 +226,21 @@ class RestorePlanError(ParamRegError):
 
 class MatchError(ParamRegError):
   """``match`` cannot propose a complete mapping: ``.problems`` lists every unmatched or
-  ambiguous parameter (with ranked candidates); ``.partial`` is what it did match."""
+  ambiguous parameter, one per concept (each a ``str`` that carries ``.targets`` and its
+  ``.choices``, best evidence first); ``.hints_code`` is the same as a ``hints = {...}``
+  literal to edit (every choice a commented line); ``.partial`` is what it did match."""
 
-  def __init__(self, message: str, problems: tuple[str, ...] = (), partial: Any = None):
+  def __init__(
+    self,
+    message: str,
+    problems: tuple[str, ...] = (),
+    partial: Any = None,
+    hints_code: str = "hints = {}",
+  ):
     super().__init__(message)
     self.problems = problems
     self.partial = partial
+    self.hints_code = hints_code
 
 
 class MaterializationError(ParamRegError):

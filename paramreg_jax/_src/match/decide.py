@@ -5,13 +5,13 @@ a head is tied to the embedding only on evidence."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import fused
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
@@ -19,11 +19,8 @@ from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources.selection import Indices
-from paramreg_jax._src.sources.selection import Range
 
 MIN_SCORE = 0.5
-_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 def choose(
@@ -53,7 +50,7 @@ def choose(
   shapes = {s.name: tuple(s.shape) for s in slots}
   for group, names in _fused_groups(picked).items():
     axis = picked[names[0]].fused[1]  # type: ignore[index]
-    problem = _split_fused(group, axis, names, shapes, ck, proposals)
+    problem = fused.split(group, axis, names, shapes, ck, proposals)
     if problem:
       problems[names[0]] = problem
   out = list(problems.values())
@@ -246,94 +243,6 @@ def _every(name: str, ranked: dict[str, list[Candidate]]) -> str:
 def _listed(c: Candidate) -> str:
   recipe = f": {code(c.build())}" if c.build is not None else ""
   return f"      {shown(c)} [{c.reason}] ({c.score:.2f}){recipe}"
-
-
-def _split_fused(
-  group: str | tuple[str, ...],
-  axis: int,
-  names: list[str],
-  shapes: dict[str, tuple[int, ...]],
-  ck: evidence.Checkpoint,
-  proposals: dict[str, Proposal],
-) -> str | None:
-  """Proposes the parts of a fused tensor (or of each layer's, stacked) for ``names``, in the
-  layout this checkpoint is known to use; returns a problem if it is not known or the parts'
-  widths do not tile the tensor."""
-  keys = (group,) if isinstance(group, str) else group
-  stacked = not isinstance(group, str)
-  tokens = {n: concepts(n).tokens for n in names}
-  fused = "qkv" if any(tokens[n] & {"q", "k", "v"} for n in names) else "gate_up"
-  parts = _PARTS[fused]
-  names.sort(key=lambda n: min(parts.index(t) for t in tokens[n] if t in parts))
-  stored = ck.shapes[keys[0]]
-  per_layer = {n: shapes[n][1:] if stacked else shapes[n] for n in names}
-  # each part's width along the fused axis is its target's output size (a weight's last axes
-  # after [in]; an experts-stacked [E, out, in] keeps E in front)
-  lead = max(len(stored) - 1, 0)
-  widths = [math.prod(per_layer[n][lead:]) for n in names]
-  if sum(widths) != stored[axis]:
-    return (
-      f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but their widths {widths} sum "
-      f"to {sum(widths)}, not its axis {axis} ({stored[axis]}): a part is missing or misread"
-    )
-  facts = ck.facts
-  layout = evidence.layout_by_name(keys[0]) or (
-    facts.qkv_layout if fused == "qkv" else facts.gate_up_layout
-  )
-  present = tuple(p for n in names for p in parts if p in tokens[n])
-  rows = (
-    evidence.part_rows(layout, present, widths, facts)
-    if layout and (layout == "contiguous" or present == parts)
-    else None
-  )
-  if not isinstance(rows, dict):
-    known = "; ".join(f"{k}: {v}" for k, v in evidence.LAYOUTS.items())
-    said = f"config.json model_type {facts.model_type!r}" if facts.model_type else "no config.json"
-    why = f"; {rows}" if isinstance(rows, str) else ""
-    return (
-      f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but how its {'/'.join(parts)} "
-      f"are laid out along axis {axis} is not known for this checkpoint ({said}{why}). "
-      f"Fused layouts differ by model ({known}): nothing is split by guess. Restore from a "
-      "source that has the model's config.json (SafetensorsSource reads it beside the "
-      "weights; match(..., config=...) for others), or give each part as a hint, "
-      f"e.g. hints={{{names[0]!r}: R.source({keys[0]!r}, prj.Indices({axis}, [rows...]))}}"
-    )
-  how = "" if layout == "contiguous" else f" ({str(layout).replace('_', ' ')} layout)"
-  for name, part in zip(names, present):
-    layers = _part_layers(rows[part], keys, axis, stored, per_layer[name])
-    reason = f"part of fused {keys[0]!r}{how}"
-    proposals[name] = (
-      Proposal(name, ops.stack(layers, axis=0), f"{reason}, stacked {len(keys)} layers", keys)
-      if stacked
-      else Proposal(name, layers[0], reason, keys)
-    )
-  return None
-
-
-def _part_layers(
-  picked: list[int], keys: tuple[str, ...], axis: int, stored: tuple[int, ...], shape: Any
-) -> list[ops.Recipe]:
-  """One part (rows ``picked`` along ``axis``) of each fused tensor in ``keys``."""
-  contiguous = picked == list(range(picked[0], picked[0] + len(picked)))
-  selection: Any = (
-    Range(axis, picked[0], picked[0] + len(picked)) if contiguous else Indices(axis, tuple(picked))
-  )
-  return [_part(key, selection, stored, axis, len(picked), shape) for key in keys]
-
-
-def _part(
-  key: str, selection: Any, stored: tuple[int, ...], axis: int, width: int, shape: Any
-) -> ops.Recipe:
-  """One part of the fused ``key``: its rows, ``[.., out, in]`` turned to ``[.., in, out]``,
-  heads split to the target's ``shape``."""
-  recipe: ops.Recipe = ops.source(key, selection)
-  natural = list(stored)
-  natural[axis] = width
-  if len(stored) >= 2 and axis == len(stored) - 2:
-    order = (*range(len(stored) - 2), len(stored) - 1, len(stored) - 2)
-    recipe = ops.transpose(recipe, order)
-    natural = [natural[i] for i in order]
-  return recipe if tuple(shape) == tuple(natural) else ops.reshape(recipe, shape)
 
 
 def shown(c: Candidate) -> str:

@@ -14,6 +14,7 @@ bias only through module coherence, as any decided kernel does).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -21,6 +22,8 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.candidates import candidates
 from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
@@ -132,6 +135,17 @@ def check(
       errors.collected("use the hints", bad, "nothing was chosen"), tuple(bad)
     )
   return recipes, named
+
+
+def candidates_of(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> list[Candidate]:
+  """A name hint's candidates: the named tensors in every layout that fits, whatever the leaf
+  is called; of a name that stands for several kinds (a module), the leaf's own kind."""
+  tc = concepts(slot.name)
+  found = candidates(tc, tuple(slot.shape), ck.restricted(set(keys)), hinted=True)
+  if len(keys) > 1:
+    own = [c for c in found if all(ck.concepts[k].kind == tc.kind for k in c.keys)]
+    found = own or found
+  return [dataclasses.replace(c, score=1.0 + c.score, reason=f"hint, {c.reason}") for c in found]
 
 
 def named_keys(hint: str, keys: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match import kept
 from paramreg_jax._src.match import quantized
+from paramreg_jax._src.match import refusal
 from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import concepts
@@ -84,11 +85,11 @@ def match(
   ck = _read_checkpoint(slots, source, keys, config, frozenset(given))
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = evidence.hinted_convention(slots, ck, name_hints)
-  proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
+  proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
   if problems and ck.convention_by == "config":  # what the decided weights say of the target
     ck.decided_relation = evidence.decided_relation(slots, proposals, ck)
     if ck.decided_relation is not None:
-      proposals, problems = _decide(slots, source, ck, recipe_hints, name_hints)
+      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
@@ -103,13 +104,9 @@ def match(
     problems += _unused_layers(ignored, ck)
   result = Match(ordered, ignored, stored, ck.facts.rows(), changed)
   if problems:
-    raise errors.MatchError(
-      errors.collected("match the checkpoint to the target", problems, "nothing was chosen")
-      + "\nResolve each with hints={target name: checkpoint name or recipe} (or rename the "
-      "target's modules).",
-      tuple(problems),
-      result,
-    )
+    error = refusal.refuse(problems, ranked, slots, source, ck)
+    error.partial = result
+    raise error
   try:
     planning.plan_restore(target, stored, recipes=result)
   except errors.RestorePlanError as e:
@@ -150,15 +147,16 @@ def _decide(
   ck: evidence.Checkpoint,
   recipe_hints: dict[str, ops.Recipe],
   name_hints: dict[str, list[str]],
-) -> tuple[dict[str, Proposal], list[str]]:
-  """The proposals and the problems, from the evidence and the hints (a pure function of
-  them: ``match`` runs it once more without hints to report what the hints changed)."""
+) -> tuple[dict[str, Proposal], list[str], dict[str, list[cand_lib.Candidate]]]:
+  """The proposals, the problems and each leaf's candidates, from the evidence and the hints
+  (a pure function of them: ``match`` runs it once more without hints to report what the
+  hints changed)."""
   proposals = {n: Proposal(n, r, "hint", inference.source_keys(r)) for n, r in recipe_hints.items()}
   ranked: dict[str, list[cand_lib.Candidate]] = {}
   names = [s.name for s in slots]
   for slot in slots:
     if slot.name in name_hints:
-      ranked[slot.name] = _hinted(slot, name_hints[slot.name], ck)
+      ranked[slot.name] = hints_lib.candidates_of(slot, name_hints[slot.name], ck)
     elif slot.name not in proposals:
       tc = evidence.target_concepts(slot.name, names, ck.facts)
       ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), ck)
@@ -169,18 +167,7 @@ def _decide(
     slots, ranked, proposals, problems, ck, [k for k in ck.concepts if k not in used]
   )
   decide.cast_to_targets(slots, proposals, source)
-  return proposals, problems
-
-
-def _hinted(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> list[cand_lib.Candidate]:
-  """A name hint's candidates: the named tensors in every layout that fits, whatever the leaf
-  is called; of a name that stands for several kinds (a module), the leaf's own kind."""
-  tc = concepts(slot.name)
-  found = cand_lib.candidates(tc, tuple(slot.shape), ck.restricted(set(keys)), hinted=True)
-  if len(keys) > 1:
-    own = [c for c in found if all(ck.concepts[k].kind == tc.kind for k in c.keys)]
-    found = own or found
-  return [dataclasses.replace(c, score=1.0 + c.score, reason=f"hint, {c.reason}") for c in found]
+  return proposals, problems, ranked
 
 
 def _hint_effects(
@@ -193,7 +180,7 @@ def _hint_effects(
 ) -> tuple[tuple[str, str, str], ...]:
   """``(target, without the hints, with them)`` for every leaf the hints did not name whose
   outcome they changed."""
-  base, base_problems = _decide(slots, source, ck, {}, {})
+  base, base_problems, _ = _decide(slots, source, ck, {}, {})
 
   def outcome(props: dict[str, Proposal], probs: list[str], name: str) -> str:
     p = props.get(name)

@@ -1,0 +1,322 @@
+"""The refusal: what ``match`` could not decide, one question per concept, paste-ready.
+
+A problem that is the same in every layer (the same words and the same choices once the layer
+number is read as ``{i}``) is asked once, under a ``{i}`` target name. Each problem carries its
+choices as data (:class:`Problem`), and the refusal ends with a Python ``hints = {...}`` literal:
+every choice on its own commented line, best evidence first, none active. Choosing is
+uncommenting one line per entry; pasting the literal unchanged is ``hints = {}``.
+
+Examples:
+  >>> import jax, numpy as np
+  >>> import paramreg_jax as prj
+  >>> src = prj.MemorySource({f"h.{i}.ln_{j}.weight": np.ones(4, np.float32)
+  ...                         for i in range(2) for j in (1, 2)})
+  >>> target = {f"block_{i}": {n: {"scale": jax.ShapeDtypeStruct((4,), np.float32)}
+  ...                          for n in ("pre", "post")} for i in range(2)}
+  >>> try:
+  ...   prj.match(target, src)
+  ... except prj.MatchError as e:
+  ...   err = e
+  >>> print(err.hints_code)
+  hints = {
+    # block_{i}/post/scale (4,), in 2 layers: ambiguous; uncomment one:
+    # "block_{i}/post/scale": "h.{i}.ln_1.weight",  # name (0.40)
+    # "block_{i}/post/scale": "h.{i}.ln_2.weight",  # name (0.40)
+    # block_{i}/pre/scale (4,), in 2 layers: ambiguous; uncomment one:
+    # "block_{i}/pre/scale": "h.{i}.ln_1.weight",  # name (0.40)
+    # "block_{i}/pre/scale": "h.{i}.ln_2.weight",  # name (0.40)
+  }
+  >>> err.problems[0].choices["block_{i}/post/scale"][0].hint
+  'h.{i}.ln_1.weight'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paramreg_jax._src import errors
+from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import hints as hints_lib
+from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.candidates import distinct
+from paramreg_jax._src.match.candidates import rekey
+from paramreg_jax._src.match.report import code
+from paramreg_jax._src.recipes import inference
+from paramreg_jax._src.recipes import ops
+
+_CHOICES = 12  # choices an entry lists
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """One answer to a problem: ``hint`` is the value to pass (a checkpoint name, or a recipe
+  where a name cannot say the layout), ``code`` the same as Python source."""
+
+  hint: str | ops.Recipe
+  code: str
+  reason: str
+  score: float | None  # by name; None where no name was compared (a fused tensor's layout)
+
+
+class Problem(str):
+  """One problem of a :class:`~paramreg_jax.errors.MatchError`: its message (a ``str``) and,
+  as data, ``targets`` (every leaf it is about: one leaf, or the same leaf in several layers)
+  and ``choices`` (``{hints key: (Choice, ...)}``, best evidence first; the key holds ``{i}``
+  when it answers every layer at once). Problems no hint answers have no choices."""
+
+  targets: tuple[str, ...]
+  choices: dict[str, tuple[Choice, ...]]
+
+  def __new__(
+    cls,
+    message: str,
+    targets: Sequence[str] = (),
+    choices: dict[str, tuple[Choice, ...]] | None = None,
+  ) -> Problem:
+    self = super().__new__(cls, message)
+    self.targets = tuple(targets)
+    self.choices = dict(choices or {})
+    return self
+
+
+def refuse(
+  problems: list[str],
+  ranked: dict[str, list[Candidate]],
+  slots: list[Any],
+  source: Any,
+  ck: evidence.Checkpoint,
+) -> errors.MatchError:
+  """The :class:`MatchError` for ``problems``: grouped by concept, with their choices."""
+  by_name = {s.name: s for s in slots}
+  singles: list[Problem] = []
+  out: list[Problem] = []
+  for p in problems:
+    if isinstance(p, Problem) and p.choices:  # choices its rule wrote out (a fused layout)
+      choices = {
+        t: tuple(_cast_choice(c, by_name[t], source) for c in cs) for t, cs in p.choices.items()
+      }
+      singles.append(Problem(p, p.targets, choices))
+    else:
+      targets = [t for t in _heads(p) if t in by_name]
+      singles.append(
+        Problem(p, targets, {t: _choices(by_name[t], ranked, source, ck) for t in targets})
+      )
+  out = _grouped(singles, frozenset(by_name))
+  out.sort(key=lambda p: p.targets[:1])
+  literal = hints_literal(out, by_name)
+  leaves = sum(max(1, len(p.targets)) for p in out)
+  # a problem's candidates are the literal's lines: its bullet is its first line
+  said = [_first_line(p) if any(p.choices.values()) else str(p) for p in out]
+  message = (
+    errors.collected(
+      "match the checkpoint to the target",
+      said,
+      f"{leaves} leaves; nothing was chosen" if leaves != len(out) else "nothing was chosen",
+    )
+    + "\nChoose one line per entry (uncomment it) and pass match(..., hints=hints); "
+    "unchanged it is hints = {} (a recipe needs `import paramreg_jax as prj` and "
+    "`from paramreg_jax import recipes as R`):\n" + literal
+  )
+  return errors.MatchError(message, tuple(out), hints_code=literal)
+
+
+def _first_line(problem: str) -> str:
+  first, more, _ = problem.partition("\n")
+  first = first.rstrip(":").removesuffix("; its candidates")
+  return f"{first} (its choices: hints below)" if more else first
+
+
+def _heads(problem: str) -> list[str]:
+  """The target names a problem starts with (``a, b (shape): ...``)."""
+  head = problem.split(":", 1)[0]
+  return [part.split(" ")[0] for part in head.split(", ")]
+
+
+def _choices(
+  slot: Any, ranked: dict[str, list[Candidate]], source: Any, ck: evidence.Checkpoint
+) -> tuple[Choice, ...]:
+  """The leaf's candidates as hints: its checkpoint name (``{i}`` over a stack's layers)
+  where that names one candidate, else the recipe (cast to the leaf's dtype)."""
+  cands = distinct(ranked.get(slot.name, []))[:_CHOICES]
+  out = []
+  for c in cands:
+    if c.build is None:
+      continue
+    name = None
+    if c.fused is None and c.claims is None and "joined" not in c.reason:
+      name = c.keys[0] if len(c.keys) == 1 else _one_template(c.keys)
+    hint: str | ops.Recipe = _cast(c.build(), slot, source)
+    if name is not None and _names_only(name, c, slot, ck):
+      hint = name
+    text = json.dumps(hint) if isinstance(hint, str) else code(hint)
+    out.append(Choice(hint, text, c.reason, c.score))
+  return tuple(out)
+
+
+def _names_only(name: str, c: Candidate, slot: Any, ck: evidence.Checkpoint) -> bool:
+  """Whether ``name`` as the hint gives exactly ``c``: the one layout its tensors fit."""
+  keys = hints_lib.named_keys(name, list(ck.concepts))
+  if set(keys) != set(c.keys):
+    return False
+  built = {code(x.build()) for x in hints_lib.candidates_of(slot, keys, ck) if x.build is not None}
+  return built == {code(c.build())}
+
+
+def _one_template(keys: tuple[str, ...]) -> str | None:
+  """``model.layers.{i}.mlp.weight`` when ``keys`` are that name at consecutive layers."""
+  split = [re.split(r"(?<=[._/])(\d+)(?=[._/]|$)", k) for k in keys]
+  if len({len(s) for s in split}) != 1:
+    return None
+  varying = [j for j in range(1, len(split[0]), 2) if len({s[j] for s in split}) > 1]
+  if len(varying) != 1 or any(len({s[j] for s in split}) > 1 for j in range(0, len(split[0]), 2)):
+    return None
+  j = varying[0]
+  parts = list(split[0])
+  parts[j] = "{i}"
+  return "".join(parts)
+
+
+def _cast_choice(c: Choice, slot: Any, source: Any) -> Choice:
+  if isinstance(c.hint, str):
+    return c
+  hint = _cast(c.hint, slot, source)
+  return dataclasses.replace(c, hint=hint, code=code(hint))
+
+
+def _cast(recipe: ops.Recipe, slot: Any, source: Any) -> ops.Recipe:
+  want = np.dtype(slot.dtype)
+  try:
+    stored = inference.infer(recipe, source).dtype
+  except Exception:
+    return recipe
+  return recipe if stored == want else ops.cast(recipe, want)
+
+
+def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
+  """The problems, those asked alike in several layers as one problem under ``{i}`` names:
+  alike is the same words and the same choices once the layer number reads ``{i}``, each
+  layer's choices in its own layer (``proj_0`` and ``proj_1`` rivals for one tensor are not
+  one question)."""
+  forms: dict[tuple[Any, ...], list[tuple[Problem, str]]] = {}
+  for p in problems:
+    for keys, n in _templates(p.targets):
+      for loose in (False, True):  # h.{i}.ln_1 before layers_{i}/ln
+        text = _templated(_targets_templated(str(p), n, names), n, loose)
+        codes = tuple(
+          tuple(_templated(c.code, n, loose) for c in p.choices.get(t, ())) for t in p.targets
+        )
+        if all("{i}" in c for cs in codes for c in cs) and (
+          any(codes) or "{i}" in text.partition(":")[2]
+        ):
+          forms.setdefault((keys, text, codes, loose), []).append((p, n))
+          break
+  done: set[int] = set()
+  out = []
+  for (keys, said, _, loose), members in sorted(forms.items(), key=lambda kv: -len(kv[1])):
+    members = [(p, n) for p, n in members if id(p) not in done]
+    if len(members) < 2:
+      continue
+    done.update(id(p) for p, _ in members)
+    first, n = members[0]
+    choices = {
+      key: tuple(
+        dataclasses.replace(
+          c, hint=_templated_hint(c.hint, n, loose), code=_templated(c.code, n, loose)
+        )
+        for c in first.choices.get(t, ())
+      )
+      for t, key in zip(first.targets, keys)
+    }
+    head, _, rest = said.partition(":")
+    layers = ", ".join(n for _, n in members)
+    message = f"{head}, in {len(members)} layers ({layers}), each alike:{rest}"
+    out.append(Problem(message, [t for p, _ in members for t in p.targets], choices))
+  return out + [p for p in problems if id(p) not in done]
+
+
+def _templates(targets: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+  """``(the targets with one layer number as {i}, that number)`` for each number the first
+  target's name has as a component that every target has exactly once."""
+  if not targets:
+    return []
+  out = []
+  for _, n in _layer_templates(targets[0]):
+    keys = []
+    for t in targets:
+      fits = [key for key, m in _layer_templates(t) if m == n]
+      if len(fits) != 1:
+        break
+      keys.append(fits[0])
+    else:
+      out.append((tuple(keys), n))
+  return out
+
+
+def _targets_templated(text: str, n: str, names: frozenset[str]) -> str:
+  """``text`` with every target name in it that has ``n`` as a component written with
+  ``{i}`` there (``layers_3/norm`` as ``layers_{i}/norm``)."""
+
+  def one(m: re.Match[str]) -> str:
+    name = m.group(0)
+    if name not in names:
+      return name
+    fits = [key for key, k in _layer_templates(name) if k == n]
+    return fits[0] if len(fits) == 1 else name
+
+  return re.sub(r"[\w./-]+", one, text)
+
+
+def _layer_templates(name: str) -> list[tuple[str, str]]:
+  """``(name with one number as {i}, that number)`` for each number component of ``name``
+  (``layers_3``, ``blocks/3``: what a ``{i}`` hint key can stand for)."""
+  parts = re.split(r"(?<=[_/])(\d+)(?=/|$)", name)
+  out = []
+  for j in range(1, len(parts), 2):
+    key = [*parts[:j], "{i}", *parts[j + 1 :]]
+    out.append(("".join(key), parts[j]))
+  return out
+
+
+def _templated(text: str, n: str, loose: bool = False) -> str:
+  """``text`` with the layer number ``n`` as ``{i}`` wherever it is a name's component
+  (``.3.``, ``/3/``; ``loose``: ``layers_3`` too)."""
+  before = r"._/'\"" if loose else r"./'\""
+  text = re.sub(rf"(?<=[{before}]){n}(?=[._/'\"]|$)", "{i}", text)
+  return text.replace(f"layer ({n},)", "layer ({i},)")
+
+
+def _templated_hint(hint: str | ops.Recipe, n: str, loose: bool) -> str | ops.Recipe:
+  if isinstance(hint, str):
+    return _templated(f'"{hint}"', n, loose)[1:-1]
+  return rekey(hint, lambda key: _templated(f'"{key}"', n, loose)[1:-1])
+
+
+def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
+  """``hints = {...}`` with every choice of every problem on its own commented line."""
+  lines = ["hints = {"]
+  for p in problems:
+    layers = len(p.targets) // max(1, len(p.choices))
+    for key, choices in p.choices.items():
+      rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"\d+") + "$")
+      shape = next((tuple(by_name[t].shape) for t in p.targets if rx.match(t)), "")
+      first = str(p).split("\n", 1)[0]
+      kind = next((w for w in ("ambiguous", "unmatched") if w in first), "refused")
+      where = f", in {layers} layers" if "{i}" in key else ""
+      if not choices:
+        lines.append(f"  # {key} {shape}{where}: no tensor fits; give a recipe:")
+        lines.append(f"  # {json.dumps(key)}: R.source('<checkpoint name>'),")
+        continue
+      lines.append(f"  # {key} {shape}{where}: {kind}; uncomment one:")
+      lines += [
+        f"  # {json.dumps(key)}: {c.code},  # {c.reason}"
+        + (f" ({c.score:.2f})" if c.score is not None else "")
+        for c in choices
+      ]
+  lines.append("}")
+  return "\n".join(lines)

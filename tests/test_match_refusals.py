@@ -1,0 +1,221 @@
+"""A refusal as a user reads it (``match/refusal.py``): one question per concept, answered by
+uncommenting lines of its own ``hints = {...}`` literal, never by typing a name.
+
+The chooser is a simulated user who knows the true mapping (``match`` on the same model with
+its own names and config.json) and only uncomments lines; every restore it reaches is checked
+by value (the forward pass against PyTorch's output).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import hf_models as hf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax import SafetensorsSource
+from paramreg_jax import recipes as R
+from paramreg_jax._src.match.hints import named_keys
+
+CASES = sorted(hf.ARCHS)
+_ENTRY = re.compile(r'^  # ("[^"]+"): (.+),  # (.+)$')
+
+
+def _literal(error):
+  """``{hints key: [line, ...]}``: the commented choices of a refusal's literal, in order."""
+  out: dict[str, list[str]] = {}
+  for line in error.hints_code.splitlines():
+    if m := _ENTRY.match(line):
+      out.setdefault(eval(m.group(1)), []).append(line)
+  return out
+
+
+def _uncommented(line):
+  """The one entry a line holds, as the user gets it by deleting its ``# ``."""
+  scope = {"prj": prj, "R": R}
+  exec("hints = {\n" + line.replace("  # ", "  ", 1) + "\n}", scope)
+  return scope["hints"]
+
+
+def _expand(key, names):
+  rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"(\d+)") + "$")
+  return [(n, m.group(1) if "{i}" in key else None) for n in names if (m := rx.match(n))]
+
+
+def _true(line, layer, proposal, keys):
+  """Whether a line's hint, read at ``layer`` (as ``match`` reads a ``{i}`` key), is the
+  true proposal's: a name that names its tensors, or its very recipe."""
+  if layer is not None:
+    line = line.replace("{i}", layer)
+  value = next(iter(_uncommented(line).values()))
+  if isinstance(value, str):
+    return set(named_keys(value, keys)) == set(proposal.keys)
+  return value == proposal.recipe
+
+
+def choose(target, src, truth, rename=lambda n: n, rounds=6):
+  """Uncomments, per entry of each refusal, the one line the truth says; returns the match,
+  the number of choices made and the number of refusals seen."""
+  hints: dict = {}
+  choices = refusals = 0
+  leaves = {prj.path_to_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
+  names = list(leaves)
+  keys = list(src.keys())
+  for _ in range(rounds):
+    try:
+      return prj.match(target, src, hints=hints), choices, refusals
+    except prj.MatchError as e:
+      refusals += 1
+      scope: dict = {"prj": prj, "R": R}
+      exec(e.hints_code, scope)
+      assert scope["hints"] == {}, "the literal pasted unchanged must be hints = {}"
+      for key, lines in _literal(e).items():
+        members = _expand(key, names)
+        assert members, f"{key!r} fits no target name"
+        right = [
+          line for line in lines if all(_true(line, i, truth[rename(n)], keys) for n, i in members)
+        ]
+        assert right, f"{key}: the true tensor is not among its lines:\n" + "\n".join(lines)
+        for line in lines:  # and every line is a hint for its leaf (the wrong ones too)
+          for n, i in members:
+            value = next(iter(_uncommented(line.replace("{i}", i or "{i}")).values()))
+            if not isinstance(value, str):
+              meta = R.infer(value, src)
+              assert (meta.shape, meta.dtype) == (leaves[n].shape, leaves[n].dtype), line
+        hints.update(_uncommented(right[0]))
+        choices += 1
+  raise AssertionError(f"still refused after {rounds} rounds of choosing")
+
+
+def _setup(name, variant, tmp_path):
+  arch, sizes, cfg, ref = hf.case(name)
+  style = hf.STYLES["flax"]
+  shapes = hf.canonical_shapes(arch, sizes)
+  if arch.head and not cfg.get("tie_word_embeddings", True):
+    shapes = hf.with_head(shapes, arch, sizes)
+  target = hf.target(style, shapes, arch, sizes)
+  path = hf.DATA / name / "model.safetensors"
+  truth = {p.target: p for p in prj.match(target, SafetensorsSource(path)).proposals}
+  if "no config" in variant:
+    shutil.copy(path, tmp_path / "model.safetensors")
+    path = tmp_path / "model.safetensors"
+  renamed = {}
+  if "renamed" in variant:  # every per-layer module an opaque token, the structure kept
+    for key in [k for k in target if k.startswith("layers_")]:
+      for j, module in enumerate(sorted(target[key])):
+        target[key][f"m{j}"] = target[key].pop(module)
+        renamed[f"{key}/m{j}/"] = f"{key}/{module}/"
+
+  def rename(n):
+    for new, old in renamed.items():
+      if n.startswith(new):
+        return old + n[len(new) :]
+    return n
+
+  return arch, sizes, ref, style, shapes, target, SafetensorsSource(path), truth, rename, renamed
+
+
+def _back(restored, renamed):
+  flat = {prj.path_to_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
+  out: dict = {}
+  for n, v in flat.items():
+    for new, old in renamed.items():
+      if n.startswith(new):
+        n = old + n[len(new) :]
+    node = out
+    *head, last = n.split("/")
+    for part in head:
+      node = node.setdefault(part, {})
+    node[last] = v
+  return out
+
+
+@pytest.mark.parametrize("variant", ["no config", "renamed", "renamed, no config"])
+@pytest.mark.parametrize("name", CASES)
+def test_a_user_who_only_uncomments_lines_restores_every_refusal(name, variant, tmp_path):
+  arch, sizes, ref, style, shapes, target, src, truth, rename, renamed = _setup(
+    name, variant, tmp_path
+  )
+  m, choices, refusals = choose(target, src, truth, rename)
+  restored = _back(prj.restore(target, src, recipes=m), renamed)
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+  print(name, variant, "choices", choices, "refusals", refusals)
+
+
+def _sds(shape, dtype=np.float32):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def test_each_problem_is_its_message_and_carries_its_choices():
+  src = MemorySource(
+    {f"h.{i}.ln_{j}.weight": np.ones(4, np.float32) for i in range(3) for j in (1, 2)}
+  )
+  target = {f"block_{i}": {n: {"scale": _sds((4,))} for n in ("pre", "post")} for i in range(3)}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src)
+  e = info.value
+  assert len(e.problems) == 2  # one per concept, not one per layer and leaf
+  (pre,) = (p for p in e.problems if "block_{i}/pre/scale" in p.choices)
+  assert isinstance(pre, str) and pre.startswith("block_{i}/pre/scale (4,), in 3 layers (0, 1, 2)")
+  assert pre.targets == ("block_0/pre/scale", "block_1/pre/scale", "block_2/pre/scale")
+  assert [c.hint for c in pre.choices["block_{i}/pre/scale"]] == [
+    "h.{i}.ln_1.weight",
+    "h.{i}.ln_2.weight",
+  ]
+  scope: dict = {}
+  exec(e.hints_code, scope)
+  with pytest.raises(prj.MatchError) as again:  # pasted unchanged: nothing new
+    prj.match(target, src, hints=scope["hints"])
+  assert str(again.value) == str(e)
+
+
+def test_rivals_for_one_tensor_are_not_one_question_across_their_numbers():
+  """``proj_0`` and ``proj_1`` want the same two tensors: a ``proj_{i}`` hint would give both
+  one tensor, so each is asked on its own."""
+  src = MemorySource(
+    {
+      "attn.q_proj.weight": np.ones((4, 6), np.float32),
+      "attn.k_proj.weight": np.ones((4, 6), np.float32),
+    }
+  )
+  target = {"attn": {f"proj_{j}": {"kernel": _sds((6, 4))} for j in (0, 1)}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src)
+  assert sorted(info.value.problems[j].targets[0] for j in (0, 1)) == [
+    "attn/proj_0/kernel",
+    "attn/proj_1/kernel",
+  ]
+  assert "{i}" not in info.value.hints_code
+
+
+def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
+  """Without a config the fused qkv's layout is unknown: each part is offered as a recipe in
+  every layout that tiles it, cast to the leaf's dtype, and the chosen line restores."""
+  qkv = np.arange(18 * 4, dtype=np.float32).reshape(18, 4)
+  # the up projection's shape says the checkpoint keeps [out, in]
+  src = MemorySource(
+    {"attn.qkv_proj.weight": qkv, "mlp.up_proj.weight": np.ones((8, 4), np.float32)}
+  )
+  target = {n: {"kernel": _sds((4, 6), jnp.bfloat16)} for n in "qkv"}
+  target = {"attn": target, "mlp": {"up": {"kernel": _sds((4, 8), jnp.bfloat16)}}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src)
+  lines = _literal(info.value)["attn/q/kernel"]
+  assert all("R.cast(" in line and "bfloat16" in line for line in lines)
+  hints = {}
+  for n in "qkv":  # the user knows it is [q | k | v]
+    (line,) = (x for x in _literal(info.value)[f"attn/{n}/kernel"] if "one after the other" in x)
+    hints |= _uncommented(line)
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  for j, n in enumerate("qkv"):
+    np.testing.assert_array_equal(
+      np.asarray(got["attn"][n]["kernel"], np.float32), qkv[6 * j : 6 * j + 6].T
+    )
