@@ -178,12 +178,12 @@ def test_each_problem_is_its_message_and_carries_its_choices():
 
 
 def test_rivals_for_one_tensor_are_not_one_question_across_their_numbers():
-  """``proj_0`` and ``proj_1`` want the same two tensors: a ``proj_{i}`` hint would give both
-  one tensor, so each is asked on its own."""
+  """``proj_0`` and ``proj_1`` want the same two tensors, whose roles say no order: a
+  ``proj_{i}`` hint would give both one tensor, so each is asked on its own."""
   src = MemorySource(
     {
-      "attn.q_proj.weight": np.ones((4, 6), np.float32),
-      "attn.k_proj.weight": np.ones((4, 6), np.float32),
+      "attn.a_proj.weight": np.ones((4, 6), np.float32),
+      "attn.b_proj.weight": np.ones((4, 6), np.float32),
     }
   )
   target = {"attn": {f"proj_{j}": {"kernel": _sds((6, 4))} for j in (0, 1)}}
@@ -194,6 +194,82 @@ def test_rivals_for_one_tensor_are_not_one_question_across_their_numbers():
     "attn/proj_1/kernel",
   ]
   assert "{i}" not in info.value.hints_code
+
+
+# --- order as evidence (match/order.py) -----------------------------------------------------------
+
+
+def _pair(*names, shape=(4, 6)):
+  return MemorySource({n: rng.standard_normal(shape).astype(np.float32) for n in names})
+
+
+rng = np.random.default_rng(0)
+
+
+def test_numbered_siblings_take_the_roles_in_call_order():
+  src = _pair("attn.k_proj.weight", "attn.q_proj.weight", "attn.v_proj.weight")
+  target = {"attn": {f"Dense_{j}": {"kernel": _sds((6, 4))} for j in range(3)}}
+  m = prj.match(target, src)
+  got = {t: r for t, r, _ in m.rows()}
+  for j, role in enumerate("qkv"):
+    assert got[f"attn/Dense_{j}/kernel"] == f"transpose(source('attn.{role}_proj.weight'), (1, 0))"
+  why = dict((t, w) for t, _, w in m.rows())
+  assert why["attn/Dense_1/kernel"].endswith("in order: Dense_1 of 3 is the k")
+  restored = prj.restore(target, src, recipes=m)
+  np.testing.assert_array_equal(
+    restored["attn"]["Dense_2"]["kernel"], R.evaluate(R.source("attn.v_proj.weight"), src).T
+  )
+
+
+def test_haiku_numbering_is_an_order_too():
+  src = _pair("h.0.ln_1.weight", "h.0.ln_2.weight", shape=(4,))
+  for a, b in (("layer_norm", "layer_norm_1"), ("LayerNorm_0", "LayerNorm_1")):
+    target = {"h_0": {a: {"scale": _sds((4,))}, b: {"scale": _sds((4,))}}}
+    got = {t: r for t, r, _ in prj.match(target, src).rows()}
+    assert got[f"h_0/{a}/scale"] == "source('h.0.ln_1.weight')"
+    assert got[f"h_0/{b}/scale"] == "source('h.0.ln_2.weight')"
+
+
+@pytest.mark.parametrize(
+  "names, why",
+  [
+    (("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gate and up: code calls them either way"),
+    (("attn.q_proj.weight", "attn.a_proj.weight"), "a role the order does not know"),
+  ],
+)
+def test_order_decides_nothing_it_cannot_know(names, why):
+  src = _pair(*names)
+  target = {"blk": {f"Dense_{j}": {"kernel": _sds((6, 4))} for j in range(2)}}
+  with pytest.raises(prj.MatchError, match=r"blk/Dense_0/kernel"):
+    prj.match(target, src)
+
+
+def test_order_is_not_used_against_a_sibling_decided_out_of_order():
+  """``Dense_0`` is the v by its shape: numbers that do not follow q, k, v say nothing of the
+  rest, which stay open; in order (the v last) they pair."""
+  src = MemorySource(
+    {
+      "model.layers.0.self_attn.q_proj.weight": np.ones((6, 4), np.float32),
+      "model.layers.0.self_attn.k_proj.weight": np.ones((6, 4), np.float32),
+      "model.layers.0.self_attn.v_proj.weight": np.ones((8, 4), np.float32),
+    }
+  )
+  shapes = [(4, 8), (4, 6), (4, 6)]
+  target = {
+    "layers_0": {"attention": {f"Dense_{j}": {"kernel": _sds(s)} for j, s in enumerate(shapes)}}
+  }
+  with pytest.raises(prj.MatchError, match=r"layers_0/attention/Dense_1/kernel"):
+    prj.match(target, src)
+  target = {
+    "layers_0": {
+      "attention": {f"Dense_{j}": {"kernel": _sds(s)} for j, s in enumerate(shapes[::-1])}
+    }
+  }
+  got = {t: r for t, r, _ in prj.match(target, src).rows()}
+  assert (
+    got["layers_0/attention/Dense_0/kernel"]
+    == "transpose(source('model.layers.0.self_attn.q_proj.weight'), (1, 0))"
+  )
 
 
 def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
@@ -219,3 +295,76 @@ def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
     np.testing.assert_array_equal(
       np.asarray(got["attn"][n]["kernel"], np.float32), qkv[6 * j : 6 * j + 6].T
     )
+
+
+# --- style rewrites: the suite's models as JAX code in the wild names them ------------------------
+
+_CALL_ORDER = {  # a block's modules in the order its __call__ runs them
+  None: ("attention_norm", "post_attention_norm", "mlp_norm", "post_mlp_norm"),
+  "attention": ("query", "key", "value", "query_norm", "key_norm", "out"),
+  "mlp": ("gate", "up", "ffn_in", "down", "ffn_out"),
+}
+
+
+def _auto_named(layer):
+  """A block as ``@nn.compact`` names it: ``LayerNorm_k``, ``Dense_k`` in call order."""
+  out, renamed = {}, {}
+
+  def kind(module):
+    return "LayerNorm" if module.endswith("norm") else "Dense"
+
+  def number(modules, order):
+    counts, names = {}, {}
+    for m in sorted(modules, key=lambda m: order.index(m) if m in order else len(order)):
+      if m not in order:
+        names[m] = m
+        continue
+      k = kind(m)
+      names[m] = f"{k}_{counts.get(k, 0)}"
+      counts[k] = counts.get(k, 0) + 1
+    return names
+
+  top = number(layer, _CALL_ORDER[None])
+  for module, value in layer.items():
+    if module in _CALL_ORDER and isinstance(value, dict):
+      inner = number(value, _CALL_ORDER[module])
+      out[top[module]] = {inner[m]: v for m, v in value.items()}
+      renamed.update({f"{module}/{m}": f"{top[module]}/{inner[m]}" for m in value})
+    else:
+      out[top[module]] = value
+      renamed[module] = top[module]
+  return out, renamed
+
+
+@pytest.mark.parametrize("config", [True, False], ids=["config", "no config"])
+@pytest.mark.parametrize("name", CASES)
+def test_flax_auto_names_map_or_ask_with_the_truth_among_the_lines(name, config, tmp_path):
+  arch, sizes, cfg, ref = hf.case(name)
+  style = hf.STYLES["flax"]
+  shapes = hf.canonical_shapes(arch, sizes)
+  if arch.head and not cfg.get("tie_word_embeddings", True):
+    shapes = hf.with_head(shapes, arch, sizes)
+  target = hf.target(style, shapes, arch, sizes)
+  path = hf.DATA / name / "model.safetensors"
+  truth = {p.target: p for p in prj.match(target, SafetensorsSource(path)).proposals}
+  if not config:
+    shutil.copy(path, tmp_path / "model.safetensors")
+    path = tmp_path / "model.safetensors"
+  back = {}
+  for key in [k for k in target if k.startswith("layers_")]:
+    target[key], renamed = _auto_named(target[key])
+    back.update({f"{key}/{new}/": f"{key}/{old}/" for old, new in renamed.items()})
+
+  def rename(n):
+    for new, old in back.items():
+      if n.startswith(new):
+        return old + n[len(new) :]
+    return n
+
+  src = SafetensorsSource(path)
+  m, choices, _ = choose(target, src, truth, rename)
+  restored = _back(prj.restore(target, src, recipes=m), back)
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+  print(name, config, "choices", choices)

@@ -257,10 +257,15 @@ def _single(
     score = rest_t.similarity(Concepts("", sc.tokens - {fused}, (), ""))
     # the fused axis: out (``t``: [.., out, in]) or the last (``same``: [.., in, out])
     axis = len(sshape) - 1 if rank == 2 and convention == "same" else len(sshape) - rank
-    if rank == 1 or convention in ("t", "same"):  # a weight's fused axis needs the convention
+    if rank == 2 and convention not in ("t", "same") and len(sshape) == 2:
+      axis = FUSED_AXIS_BY_WIDTHS  # the axis the parts' widths tile, found when they are known
+    if rank == 1 or convention in ("t", "same") or axis == FUSED_AXIS_BY_WIDTHS:
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
   return out
 
+
+# a fused [out, in] or [in, out] weight of unknown convention: its parts' widths say the axis
+FUSED_AXIS_BY_WIDTHS = -1
 
 _REASONS = {
   "same": "name",

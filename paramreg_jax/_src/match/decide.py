@@ -5,6 +5,7 @@ a head is tied to the embedding only on evidence."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import numpy as np
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import fused
+from paramreg_jax._src.match import order
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
@@ -29,14 +31,16 @@ def choose(
   proposals: dict[str, Proposal],
   ck: evidence.Checkpoint,
   hinted: frozenset[str] = frozenset(),
+  roles: Mapping[str, str] | None = None,
 ) -> list[str]:
   """Decides every target that has candidates; returns the problems (ambiguous, conflicting,
   claimed twice). Phases: each target's single best candidate by name; open ones settled by
   their decided siblings (module) and by the other layers (layer); conflicts refused; fused
   tensors split in their known layout; keys claimed twice refused. ``hinted``: targets whose
-  candidates a hint named (any score counts)."""
+  candidates a hint named (any score counts); ``roles``: the part (q, k, v, o) each numbered
+  sibling's order says it is (``order.fused_roles``)."""
   picked, open_ = _best(slots, ranked, proposals, hinted, ck)
-  _settle(picked, open_, proposals)
+  _settle(picked, open_, proposals, ck)
   problems = _conflicts(picked, proposals, hinted)
   problems.update(
     {
@@ -50,7 +54,7 @@ def choose(
   shapes = {s.name: tuple(s.shape) for s in slots}
   for group, names in _fused_groups(picked).items():
     axis = picked[names[0]].fused[1]  # type: ignore[index]
-    problem = fused.split(group, axis, names, shapes, ck, proposals)
+    problem = fused.split(group, axis, names, shapes, ck, proposals, roles or {})
     if problem:
       problems[names[0]] = problem
   out = list(problems.values())
@@ -125,18 +129,24 @@ def _decided(picked: dict[str, Candidate], proposals: dict[str, Proposal]) -> di
 
 
 def _settle(
-  picked: dict[str, Candidate], open_: dict[str, list[Candidate]], proposals: dict[str, Proposal]
+  picked: dict[str, Candidate],
+  open_: dict[str, list[Candidate]],
+  proposals: dict[str, Proposal],
+  ck: evidence.Checkpoint,
 ) -> None:
-  """Open targets that decided siblings (same module) or other layers single out, among all
-  of their own candidates: that evidence outranks a tie (or a miss) by name."""
-  for _ in range(4):
+  """Open targets that decided siblings (same module), other layers or their numbered
+  siblings' order single out, among all of their own candidates: that evidence outranks a
+  tie (or a miss) by name."""
+  rules = (
+    ("module of ", coherence.settle_by_module),
+    ("as in ", coherence.settle_by_layer),
+    ("", lambda open_, decided: order.settle(open_, decided, ck, _top)),
+  )
+  for _ in range(6):
     settled = {}
-    for how, rule in (
-      ("module of", coherence.settle_by_module),
-      ("as in", coherence.settle_by_layer),
-    ):
+    for how, rule in rules:
       for name, (cand, by) in rule(open_, _decided(picked, proposals)).items():
-        settled[name] = dataclasses.replace(cand, reason=f"{cand.reason}, {how} {by}")
+        settled[name] = dataclasses.replace(cand, reason=f"{cand.reason}, {how}{by}")
       if settled:
         break
     if not settled:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
 from paramreg_jax._src.match.refusal import Choice
 from paramreg_jax._src.match.refusal import Problem
 from paramreg_jax._src.match.report import Proposal
@@ -21,6 +23,31 @@ from paramreg_jax._src.sources.selection import Range
 _PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
+@dataclasses.dataclass(frozen=True)
+class _Fused:
+  """One fused tensor (of each layer's, ``stacked``) and the target leaves that are its parts:
+  ``names`` in part order, ``present`` their parts, ``widths`` their sizes along ``axis``."""
+
+  keys: tuple[str, ...]
+  axis: int
+  stored: tuple[int, ...]
+  stacked: bool
+  names: tuple[str, ...]
+  present: tuple[str, ...]
+  widths: tuple[int, ...]
+  per_layer: dict[str, tuple[int, ...]]
+
+  def part(self, name: str, part: str, rows: list[int], layout: str) -> Proposal:
+    """``name`` as ``part`` (``rows`` along the fused axis)."""
+    layers = _part_layers(rows, self.keys, self.axis, self.stored, self.per_layer[name])
+    how = "" if layout == "contiguous" else f" ({layout.replace('_', ' ')} layout)"
+    reason = f"part of fused {self.keys[0]!r}{how}"
+    if self.stacked:
+      recipe = ops.stack(layers, axis=0)
+      return Proposal(name, recipe, f"{reason}, stacked {len(self.keys)} layers", self.keys)
+    return Proposal(name, layers[0], reason, self.keys)
+
+
 def split(
   group: str | tuple[str, ...],
   axis: int,
@@ -28,13 +55,16 @@ def split(
   shapes: dict[str, tuple[int, ...]],
   ck: evidence.Checkpoint,
   proposals: dict[str, Proposal],
+  roles: Mapping[str, str],
 ) -> str | None:
   """Proposes the parts of a fused tensor (or of each layer's, stacked) for ``names``, in the
-  layout this checkpoint is known to use; returns a problem if it is not known or the parts'
-  widths do not tile the tensor."""
+  layout this checkpoint is known to use; returns a problem if it is not known, if only
+  the siblings' order says which part each is and it cannot (gate and up), or if the parts'
+  widths do not tile the tensor. ``roles``: the part each numbered sibling's order says."""
   keys = (group,) if isinstance(group, str) else group
   stacked = not isinstance(group, str)
-  tokens = {n: concepts(n).tokens for n in names}
+  tokens = {n: concepts(n).tokens | {roles[n].rstrip("?")} - {""} for n in names if n in roles}
+  tokens |= {n: concepts(n).tokens for n in names if n not in roles}
   fused = "qkv" if any(tokens[n] & {"q", "k", "v"} for n in names) else "gate_up"
   parts = _PARTS[fused]
   names.sort(key=lambda n: min(parts.index(t) for t in tokens[n] if t in parts))
@@ -44,93 +74,98 @@ def split(
   # after [in]; an experts-stacked [E, out, in] keeps E in front)
   lead = max(len(stored) - 1, 0)
   widths = [math.prod(per_layer[n][lead:]) for n in names]
+  if axis == FUSED_AXIS_BY_WIDTHS:  # no convention known: the one axis the parts tile
+    fits = [a for a, size in enumerate(stored) if size == sum(widths)]
+    axis = fits[0] if len(fits) == 1 else 0
   if sum(widths) != stored[axis]:
     return (
       f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but their widths {widths} sum "
       f"to {sum(widths)}, not its axis {axis} ({stored[axis]}): a part is missing or misread"
     )
-  facts = ck.facts
-  layout = evidence.layout_by_name(keys[0]) or (
-    facts.qkv_layout if fused == "qkv" else facts.gate_up_layout
-  )
   present = tuple(p for n in names for p in parts if p in tokens[n])
+  f = _Fused(keys, axis, stored, stacked, tuple(names), present, tuple(widths), per_layer)
+  layout = evidence.layout_by_name(keys[0]) or (
+    ck.facts.qkv_layout if fused == "qkv" else ck.facts.gate_up_layout
+  )
   rows = (
-    evidence.part_rows(layout, present, widths, facts)
+    evidence.part_rows(layout, present, widths, ck.facts)
     if layout and (layout == "contiguous" or present == parts)
     else None
   )
-  if not isinstance(rows, dict):
-    said = f"config.json model_type {facts.model_type!r}" if facts.model_type else "no config.json"
-    why = f"; {rows}" if isinstance(rows, str) else ""
-    return Problem(
-      f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but how its {'/'.join(parts)} "
-      f"are laid out along axis {axis} is not known for this checkpoint ({said}{why}): "
-      "nothing is split by guess. Restore from a source that has the model's config.json "
-      "(SafetensorsSource reads it beside the weights; match(..., config=...) for others), or "
-      "choose each part in the layout the model uses (hints below)",
-      names,
-      _layout_choices(keys, axis, names, present, widths, per_layer, facts, stored, stacked),
-    )
+  unsure = [n for n in names if roles.get(n, "").endswith("?")]
+  if not isinstance(rows, dict) or unsure:
+    return _undecided(f, ck.facts, roles, str(layout) if isinstance(rows, dict) else rows)
   for name, part in zip(names, present):
-    proposals[name] = _fused_part(
-      keys, axis, name, rows[part], str(layout), stored, per_layer[name], stacked
-    )
+    p = f.part(name, part, rows[part], str(layout))
+    if name in roles:  # nothing in its name said which part: its place among its siblings did
+      p = dataclasses.replace(p, reason=f"{p.reason}, in order: the {roles[name]} of its siblings")
+    proposals[name] = p
   return None
 
 
-def _fused_part(
-  keys: tuple[str, ...],
-  axis: int,
-  name: str,
-  rows: list[int],
-  layout: str,
-  stored: tuple[int, ...],
-  shape: tuple[int, ...],
-  stacked: bool,
-) -> Proposal:
-  """``name``'s part (``rows`` along ``axis``) of the fused tensor (of each layer's, stacked)."""
-  layers = _part_layers(rows, keys, axis, stored, shape)
-  how = "" if layout == "contiguous" else f" ({layout.replace('_', ' ')} layout)"
-  reason = f"part of fused {keys[0]!r}{how}"
-  return (
-    Proposal(name, ops.stack(layers, axis=0), f"{reason}, stacked {len(keys)} layers", keys)
-    if stacked
-    else Proposal(name, layers[0], reason, keys)
+def _undecided(
+  f: _Fused, facts: evidence.Facts, roles: Mapping[str, str], known: str | None
+) -> Problem:
+  """The problem when the layout is unknown (``known`` is None or why), or is ``known`` but
+  gate and up are told apart by nothing: each part in each layout it may be, to choose."""
+  layouts = tuple(evidence.LAYOUTS) if known not in evidence.LAYOUTS else (str(known),)
+  choices = _layout_choices(f, facts, roles, layouts)
+  stored, key = f.stored, f.keys[0]
+  if known in evidence.LAYOUTS:  # gate and up by their order only: either way round
+    unsure = [n for n in f.names if roles.get(n, "").endswith("?")]
+    return Problem(
+      f"{', '.join(unsure)}: the {' and '.join(f.present)} parts of fused {key!r} {stored}, "
+      "but nothing says which is which (their names do not, and code calls gate and up in "
+      "either order); choose each (hints below)",
+      unsure,
+      {n: choices[n] for n in unsure},
+    )
+  said = f"config.json model_type {facts.model_type!r}" if facts.model_type else "no config.json"
+  why = f"; {known}" if known else ""
+  parts = _PARTS["qkv" if "q" in f.present else "gate_up"]
+  return Problem(
+    f"{', '.join(f.names)}: parts of fused {key!r} {stored}, but how its {'/'.join(parts)} "
+    f"are laid out along axis {f.axis} is not known for this checkpoint ({said}{why}): "
+    "nothing is split by guess. Restore from a source that has the model's config.json "
+    "(SafetensorsSource reads it beside the weights; match(..., config=...) for others), or "
+    "choose each part in the layout the model uses (hints below)",
+    f.names,
+    choices,
   )
 
 
 def _layout_choices(
-  keys: tuple[str, ...],
-  axis: int,
-  names: list[str],
-  present: tuple[str, ...],
-  widths: list[int],
-  per_layer: dict[str, tuple[int, ...]],
-  facts: evidence.Facts,
-  stored: tuple[int, ...],
-  stacked: bool,
+  f: _Fused, facts: evidence.Facts, roles: Mapping[str, str], layouts: tuple[str, ...]
 ) -> dict[str, tuple[Choice, ...]]:
-  """Each part in every known layout its widths fit (head counts from the config, or from
-  the target's split heads): the choices of a fused tensor whose layout nothing says."""
-  lead = max(len(stored) - 1, 0)
-  outs = [per_layer[n][lead:] for n in names]
-  if not facts.heads and present == ("q", "k", "v") and all(len(o) == 2 for o in outs):
+  """Each part in each of ``layouts`` its widths fit (head counts from the config, or from
+  the target's split heads); a part only its order guesses (gate or up) as either."""
+  lead = max(len(f.stored) - 1, 0)
+  outs = [f.per_layer[n][lead:] for n in f.names]
+  if not facts.heads and f.present == ("q", "k", "v") and all(len(o) == 2 for o in outs):
     facts = dataclasses.replace(facts, heads=outs[0][0], kv_heads=outs[1][0], head_dim=outs[0][1])
-  out: dict[str, list[Choice]] = {n: [] for n in names}
-  for layout, said in evidence.LAYOUTS.items():
-    rows = evidence.part_rows(layout, present, widths, facts)
-    if not isinstance(rows, dict) or (layout != "contiguous" and len(present) != 3):
+  out: dict[str, list[Choice]] = {n: [] for n in f.names}
+  for layout in layouts:
+    rows = evidence.part_rows(layout, f.present, list(f.widths), facts)
+    if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
       continue
-    if sorted(i for r in rows.values() for i in r) != list(range(stored[axis])):
+    if sorted(i for r in rows.values() for i in r) != list(range(f.stored[f.axis])):
       continue  # the parts must tile the fused axis in this layout
-    for name, part in zip(names, present):
-      p = _fused_part(keys, axis, name, rows[part], layout, stored, per_layer[name], stacked)
-      same = [j for j, c in enumerate(out[name]) if c.hint == p.recipe]
-      if same:  # two layouts that agree here (grouped with one q head per group is per head)
-        c = out[name][same[0]]
-        out[name][same[0]] = dataclasses.replace(c, reason=f"{c.reason}, or {said}")
-      else:
-        out[name].append(Choice(p.recipe, code(p.recipe), f"if laid out {said}", None))  # type: ignore[arg-type]
+    said = evidence.LAYOUTS[layout]
+    if len(f.present) == 2:
+      said = f"[{' | '.join(f.present)}] one after the other"
+    for name, own in zip(f.names, f.present):
+      either = roles.get(name, "").endswith("?")
+      for part in f.present if either else (own,):
+        if f.per_layer[f.names[f.present.index(part)]] != f.per_layer[name]:
+          continue
+        p = f.part(name, part, rows[part], layout)
+        same = [j for j, c in enumerate(out[name]) if c.hint == p.recipe]
+        if same:  # two layouts that agree here (grouped with one q head per group is per head)
+          c = out[name][same[0]]
+          out[name][same[0]] = dataclasses.replace(c, reason=f"{c.reason}, or {said}")
+        else:
+          why = f"the {part} part, " if either else ""
+          out[name].append(Choice(p.recipe, code(p.recipe), f"{why}if laid out {said}", None))  # type: ignore[arg-type]
   return {n: tuple(c) for n, c in out.items()}
 
 

@@ -13,6 +13,7 @@ from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match import kept
+from paramreg_jax._src.match import order
 from paramreg_jax._src.match import quantized
 from paramreg_jax._src.match import refusal
 from paramreg_jax._src.match.report import Match
@@ -154,14 +155,17 @@ def _decide(
   proposals = {n: Proposal(n, r, "hint", inference.source_keys(r)) for n, r in recipe_hints.items()}
   ranked: dict[str, list[cand_lib.Candidate]] = {}
   names = [s.name for s in slots]
+  roles = order.fused_roles(names, ck)
   for slot in slots:
     if slot.name in name_hints:
       ranked[slot.name] = hints_lib.candidates_of(slot, name_hints[slot.name], ck)
     elif slot.name not in proposals:
       tc = evidence.target_concepts(slot.name, names, ck.facts)
+      if slot.name in roles:  # Dense_0..3 of an attention over a fused qkv: q, k, v, o
+        tc = dataclasses.replace(tc, tokens=tc.tokens | {roles[slot.name].rstrip("?")})
       ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), ck)
   problems = [ck.conflict] if ck.conflict else []
-  problems += decide.choose(slots, ranked, proposals, ck, frozenset(name_hints))
+  problems += decide.choose(slots, ranked, proposals, ck, frozenset(name_hints), roles)
   used = {k for p in proposals.values() for k in p.keys}
   decide.tie_heads(
     slots, ranked, proposals, problems, ck, [k for k in ck.concepts if k not in used]

@@ -205,9 +205,9 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
   one question)."""
   forms: dict[tuple[Any, ...], list[tuple[Problem, str]]] = {}
   for p in problems:
-    for keys, n in _templates(p.targets):
+    for keys, n, j in _templates(p.targets):
       for loose in (False, True):  # h.{i}.ln_1 before layers_{i}/ln
-        text = _templated(_targets_templated(str(p), n, names), n, loose)
+        text = _templated(_targets_templated(str(p), n, j, names), n, loose)
         codes = tuple(
           tuple(_templated(c.code, n, loose) for c in p.choices.get(t, ())) for t in p.targets
         )
@@ -240,41 +240,39 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
   return out + [p for p in problems if id(p) not in done]
 
 
-def _templates(targets: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
-  """``(the targets with one layer number as {i}, that number)`` for each number the first
-  target's name has as a component that every target has exactly once."""
+def _templates(targets: tuple[str, ...]) -> list[tuple[tuple[str, ...], str, int]]:
+  """``(the targets with one number as {i}, that number, its position)`` for each position
+  of a number in the first target's name where every target has that same number."""
   if not targets:
     return []
   out = []
-  for _, n in _layer_templates(targets[0]):
-    keys = []
-    for t in targets:
-      fits = [key for key, m in _layer_templates(t) if m == n]
-      if len(fits) != 1:
-        break
-      keys.append(fits[0])
-    else:
-      out.append((tuple(keys), n))
+  for j, (_, n) in enumerate(_layer_templates(targets[0])):
+    keys = [_at(t, j, n) for t in targets]
+    if all(keys):
+      out.append((tuple(k for k in keys if k), n, j))
   return out
 
 
-def _targets_templated(text: str, n: str, names: frozenset[str]) -> str:
-  """``text`` with every target name in it that has ``n`` as a component written with
-  ``{i}`` there (``layers_3/norm`` as ``layers_{i}/norm``)."""
+def _at(name: str, j: int, n: str) -> str | None:
+  """``name`` with its ``j``-th number component as ``{i}`` if that number is ``n``."""
+  found = _layer_templates(name)
+  return found[j][0] if j < len(found) and found[j][1] == n else None
+
+
+def _targets_templated(text: str, n: str, j: int, names: frozenset[str]) -> str:
+  """``text`` with every target name in it whose ``j``-th number component is ``n`` written
+  with ``{i}`` there (``layers_3/norm_0`` as ``layers_{i}/norm_0``)."""
 
   def one(m: re.Match[str]) -> str:
     name = m.group(0)
-    if name not in names:
-      return name
-    fits = [key for key, k in _layer_templates(name) if k == n]
-    return fits[0] if len(fits) == 1 else name
+    return (_at(name, j, n) or name) if name in names else name
 
   return re.sub(r"[\w./-]+", one, text)
 
 
 def _layer_templates(name: str) -> list[tuple[str, str]]:
   """``(name with one number as {i}, that number)`` for each number component of ``name``
-  (``layers_3``, ``blocks/3``: what a ``{i}`` hint key can stand for)."""
+  (``layers_3``, ``blocks/3``: what a ``{i}`` hint key can stand for), in order."""
   parts = re.split(r"(?<=[_/])(\d+)(?=/|$)", name)
   out = []
   for j in range(1, len(parts), 2):

@@ -1,0 +1,181 @@
+"""Order as evidence: auto-numbered siblings follow the checkpoint's roles in order.
+
+flax names the modules a ``@nn.compact`` block creates ``RMSNorm_0``, ``RMSNorm_1``, ``Dense_0``
+..., and haiku ``linear``, ``linear_1``, in the order the block calls them; a ``Sequential``
+numbers its children. Transformer blocks call their parts in one order: the attention's
+q, k, v, o before the MLP's gate, up, down; a norm before the sublayer it normalizes, the
+attention's before the MLP's, a post-norm after its pre-norm. So when siblings numbered so are
+left open among exactly as many checkpoint tensors, each of a distinct role in that order,
+the numbers pair with the roles in order.
+
+It decides only then: every open sibling has the same candidate tensors, as many as there are
+open siblings; the roles are distinct and known (``concepts`` folds ``input_layernorm``,
+``ln_1``, ``fc1``, ``wi_0`` to them); the siblings decided by other evidence sit in the same
+order; and the leaf's candidates for its tensor are one layout. Anything else stays open.
+
+Examples:
+  >>> import jax, numpy as np
+  >>> import paramreg_jax as prj
+  >>> src = prj.MemorySource({f"h.0.ln_{j}.weight": np.full(4, j, np.float32) for j in (1, 2)})
+  >>> target = {"h_0": {f"LayerNorm_{j}": {"scale": jax.ShapeDtypeStruct((4,), np.float32)}
+  ...                   for j in (0, 1)}}
+  >>> for row in prj.match(target, src).rows():
+  ...   print(row)
+  ('h_0/LayerNorm_0/scale', "source('h.0.ln_1.weight')", 'name, in order: LayerNorm_0 of 2 is the attn norm')
+  ('h_0/LayerNorm_1/scale', "source('h.0.ln_2.weight')", 'name, in order: LayerNorm_1 of 2 is the mlp norm')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.candidates import distinct
+from paramreg_jax._src.match.evidence import Checkpoint
+from paramreg_jax._src.match.vocabulary import concepts
+
+_NUMBERED = re.compile(r"^(?P<base>.*?)(?:_(?P<n>\d+))?$")
+# call order; gate and up share a rank: code calls them either way round
+_RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 4, "down": 5}
+
+
+def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
+  """``((parent, base, leaf), number)`` of ``parent/Base_N/leaf`` (haiku's ``base`` is 0, a
+  ``Sequential``'s ``parent/N/leaf`` has base ``""``)."""
+  parts = name.split("/")
+  if len(parts) < 2:
+    return None
+  module, leaf = parts[-2], parts[-1]
+  m = _NUMBERED.match(module)
+  if m is None:
+    return None
+  base, n = m.group("base"), m.group("n")
+  if module.isdigit():
+    base, n = "", module
+  return ("/".join(parts[:-2]), base, leaf), int(n or 0)
+
+
+def role(tokens: frozenset[str]) -> tuple[str, int] | None:
+  """A tensor's place in a block's call order: ``(what, rank)``, or None if not known."""
+  if "norm" in tokens:
+    stage = 0 if "attn" in tokens else 2 if "mlp" in tokens else None
+    if stage is None or ("attn" in tokens and "mlp" in tokens):
+      return None
+    post = "post" in tokens
+    return f"{'attn' if stage == 0 else 'mlp'} {'post-norm' if post else 'norm'}", stage + post
+  found = [r for r in _RANKS if r in tokens]
+  return (found[0], _RANKS[found[0]]) if len(found) == 1 else None
+
+
+def settle(
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  ck: Checkpoint,
+  top: Any,
+) -> dict[str, tuple[Candidate, str]]:
+  """``{open leaf: (candidate, why)}`` for the numbered siblings the order pairs with roles.
+  ``decided``: the keys of each decided leaf; ``top``: a leaf's candidates evidence may pick."""
+  families: dict[tuple[str, str, str], dict[int, str]] = {}
+  for name in [*open_, *decided]:
+    found = _sibling(name)
+    if found is not None:
+      families.setdefault(found[0], {})[found[1]] = name
+  out: dict[str, tuple[Candidate, str]] = {}
+  for (_, base, _), members in families.items():
+    waiting = {n: name for n, name in members.items() if name in open_}
+    if len(waiting) < 2 or len(members) != len({*members.values()}):
+      continue
+    sets = {n: distinct(top(open_[name])) for n, name in waiting.items()}
+    keys = {frozenset(c.keys for c in cands) for cands in sets.values()}
+    if len(keys) != 1 or len(next(iter(keys))) != len(waiting):
+      continue
+    ranked = _ranked(next(iter(keys)), ck)
+    if ranked is None or {*decided.values()} & {k for k, _, _ in ranked}:
+      continue
+    assigned = dict(zip(sorted(waiting), ranked))
+    if not _in_order(members, assigned, decided, ck):
+      continue
+    for n, (tensor, what, _) in assigned.items():
+      picks = [c for c in sets[n] if c.keys == tensor]
+      if len(picks) == 1:
+        label = f"{base}_{n}" if base else str(n)
+        out[waiting[n]] = (picks[0], f"in order: {label} of {len(members)} is the {what}")
+  return out
+
+
+def _ranked(
+  tensors: frozenset[tuple[str, ...]], ck: Checkpoint
+) -> list[tuple[tuple[str, ...], str, int]] | None:
+  """``(tensor, role, rank)`` in call order, or None if any role is unknown or shared."""
+  placed = []
+  for keys in tensors:
+    roles = {_role_of(k, ck) for k in keys}
+    if len(roles) != 1 or None in roles:
+      return None
+    (r,) = roles
+    assert r is not None
+    placed.append((keys, r[0], r[1]))
+  if len({rank for _, _, rank in placed}) != len(placed):
+    return None
+  return sorted(placed, key=lambda p: p[2])
+
+
+def _role_of(key: str, ck: Checkpoint) -> tuple[str, int] | None:
+  return role(ck.concepts[key].tokens) if key in ck.concepts else None
+
+
+def _in_order(
+  members: dict[int, str],
+  assigned: dict[int, tuple[tuple[str, ...], str, int]],
+  decided: Mapping[str, tuple[str, ...]],
+  ck: Checkpoint,
+) -> bool:
+  """Whether every sibling, decided by other evidence or paired now, sits in call order."""
+  ranks = []
+  for n in sorted(members):
+    if n in assigned:
+      ranks.append(assigned[n][2])
+      continue
+    keys = decided.get(members[n]) or ()
+    r = _role_of(keys[0], ck) if keys else None
+    if r is None:
+      return False
+    ranks.append(r[1])
+  return all(a < b for a, b in zip(ranks, ranks[1:]))
+
+
+_ATTENTION_ROLES = {3: ("q", "k", "v"), 4: ("q", "k", "v", "o")}
+# gate and up come in either order (``?``: one of the two, the user says which); down is last
+_MLP_ROLES = {2: ("gate?", "up?"), 3: ("gate?", "up?", "down")}
+
+
+def fused_roles(names: list[str], ck: Checkpoint) -> dict[str, str]:
+  """``{leaf: role}`` for numbered siblings in an attention module (q, k, v, o) or an MLP
+  (gate and up, each only ``gate?``/``up?``: either one; down), in call order, where their
+  layer of the checkpoint holds a fused qkv or gate_up: nothing names the part each one is,
+  and only its role can say which rows of the fused tensor it takes (separate tensors are
+  paired by :func:`settle` instead, from their own names)."""
+  families: dict[tuple[str, str, str], dict[int, str]] = {}
+  for name in names:
+    found = _sibling(name)
+    if found is not None:
+      families.setdefault(found[0], {})[found[1]] = name
+  out = {}
+  for (parent, _, _), members in families.items():
+    where = concepts(parent)
+    if sorted(members) != list(range(len(members))):
+      continue
+    if "attn" in where.tokens:
+      fused, roles = "qkv", _ATTENTION_ROLES.get(len(members))
+    elif "mlp" in where.tokens:
+      fused, roles = "gate_up", _MLP_ROLES.get(len(members))
+    else:
+      continue
+    layer = ck.by_layer.get(where.indices, ())
+    if roles is None or not any(fused in ck.concepts[k].tokens for k in layer):
+      continue
+    for n, role_ in zip(sorted(members), roles):
+      out[members[n]] = role_
+  return out
