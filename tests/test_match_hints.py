@@ -454,3 +454,27 @@ def test_an_argument_of_the_other_call_says_where_it_belongs(call, kwargs, messa
     getattr(prj, call)(target, src, **kwargs)
   assert str(e.value) == message
   assert src.stats.reads == 0
+
+
+def test_a_name_hint_whose_tensor_cannot_fit_says_both_shapes():
+  src = MemorySource({"a.weight": rand(3, 5), "b.weight": rand(4, 6)})
+  target = {"x": {"kernel": sds(6, 4)}, "y": {"kernel": sds(7, 7)}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src, hints={"y/kernel": "a.weight", "x/kernel": "b"})
+  assert info.value.problems == (
+    "y/kernel (7, 7): its hint names 'a.weight' (3, 5), which no transpose, reshape, stack or "
+    "split turns into (7, 7); is it the hint of another leaf? Name a tensor that fits, or give "
+    "the recipe that builds the leaf",
+  )
+
+
+def test_hints_work_under_list_indices_and_derive_the_layout():
+  """A Python list of blocks (``blocks/0/...``): one ``{i}`` hint, and each tensor stored
+  ``[out, in]`` arrives transposed into the ``[in, out]`` leaf."""
+  ck = {f"enc.{i}.proj.weight": rand(6, 4) for i in range(2)}
+  src = MemorySource(ck)
+  target = {"blocks": [{"w0": {"kernel": sds(4, 6)}} for _ in range(2)]}
+  m = prj.match(target, src, hints={"blocks/{i}/w0/kernel": "enc.{i}.proj.weight"})
+  got = prj.restore(target, src, recipes=m)
+  for i in range(2):
+    np.testing.assert_array_equal(got["blocks"][i]["w0"]["kernel"], ck[f"enc.{i}.proj.weight"].T)

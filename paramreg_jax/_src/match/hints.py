@@ -148,6 +148,17 @@ def candidates_of(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> list[C
   return [dataclasses.replace(c, score=1.0 + c.score, reason=f"hint, {c.reason}") for c in found]
 
 
+def misfit(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> str:
+  """The problem of a name hint whose tensors no layout turns into the leaf: both shapes."""
+  shape = tuple(slot.shape)
+  named = ", ".join(f"{k!r} {ck.shapes[k]}" for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
+  return (
+    f"{slot.name} {shape}: its hint names {named}, which no transpose, reshape, stack or "
+    f"split turns into {shape}; is it the hint of another leaf? Name a tensor that fits, or "
+    "give the recipe that builds the leaf"
+  )
+
+
 def named_keys(hint: str, keys: list[str]) -> list[str]:
   """The checkpoint keys a name hint stands for: the key itself, or every key containing it
   as whole components (``input_layernorm``, ``model.layers.{i}.input_layernorm``)."""

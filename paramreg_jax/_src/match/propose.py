@@ -165,6 +165,11 @@ def _decide(
         tc = dataclasses.replace(tc, tokens=tc.tokens | {roles[slot.name].rstrip("?")})
       ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), ck)
   problems = [ck.conflict] if ck.conflict else []
+  problems += [
+    hints_lib.misfit(s, name_hints[s.name], ck)
+    for s in slots
+    if s.name in name_hints and not ranked[s.name]
+  ]
   problems += decide.choose(slots, ranked, proposals, ck, frozenset(name_hints), roles)
   used = {k for p in proposals.values() for k in p.keys}
   decide.tie_heads(
