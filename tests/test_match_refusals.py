@@ -306,12 +306,19 @@ _CALL_ORDER = {  # a block's modules in the order its __call__ runs them
 }
 
 
-def _auto_named(layer):
-  """A block as ``@nn.compact`` names it: ``LayerNorm_k``, ``Dense_k`` in call order."""
+_NUMBERINGS = {  # how a framework names the k-th module of a kind a block creates
+  "flax": lambda kind, k: f"{'LayerNorm' if kind == 'norm' else 'Dense'}_{k}",
+  "haiku": lambda kind, k: ("layer_norm" if kind == "norm" else "linear") + (f"_{k}" if k else ""),
+}
+
+
+def _auto_named(layer, numbering="flax"):
+  """A block as ``@nn.compact`` (``LayerNorm_k``, ``Dense_k``) or haiku (``layer_norm``,
+  ``linear_1``) names it, in call order."""
   out, renamed = {}, {}
 
   def kind(module):
-    return "LayerNorm" if module.endswith("norm") else "Dense"
+    return "norm" if module.endswith("norm") else "linear"
 
   def number(modules, order):
     counts, names = {}, {}
@@ -320,7 +327,7 @@ def _auto_named(layer):
         names[m] = m
         continue
       k = kind(m)
-      names[m] = f"{k}_{counts.get(k, 0)}"
+      names[m] = _NUMBERINGS[numbering](k, counts.get(k, 0))
       counts[k] = counts.get(k, 0) + 1
     return names
 
@@ -336,9 +343,13 @@ def _auto_named(layer):
   return out, renamed
 
 
+@pytest.mark.parametrize("numbering", sorted(_NUMBERINGS))
 @pytest.mark.parametrize("config", [True, False], ids=["config", "no config"])
 @pytest.mark.parametrize("name", CASES)
-def test_flax_auto_names_map_or_ask_with_the_truth_among_the_lines(name, config, tmp_path):
+def test_auto_names_map_or_ask_with_the_truth_among_the_lines(name, config, numbering, tmp_path):
+  """Every architecture with each block's modules named by the framework, in call order:
+  ``match`` maps it, or asks with the true tensor among each entry's lines; the chooser's
+  restore equals PyTorch's forward."""
   arch, sizes, cfg, ref = hf.case(name)
   style = hf.STYLES["flax"]
   shapes = hf.canonical_shapes(arch, sizes)
@@ -352,7 +363,7 @@ def test_flax_auto_names_map_or_ask_with_the_truth_among_the_lines(name, config,
     path = tmp_path / "model.safetensors"
   back = {}
   for key in [k for k in target if k.startswith("layers_")]:
-    target[key], renamed = _auto_named(target[key])
+    target[key], renamed = _auto_named(target[key], numbering)
     back.update({f"{key}/{new}/": f"{key}/{old}/" for old, new in renamed.items()})
 
   def rename(n):

@@ -83,25 +83,28 @@ def settle(
     if found is not None:
       families.setdefault(found[0], {})[found[1]] = name
   out: dict[str, tuple[Candidate, str]] = {}
-  for (_, base, _), members in families.items():
+  taken = {*decided.values()}
+  for members in families.values():
     waiting = {n: name for n, name in members.items() if name in open_}
     if len(waiting) < 2 or len(members) != len({*members.values()}):
       continue
     sets = {n: distinct(top(open_[name])) for n, name in waiting.items()}
-    keys = {frozenset(c.keys for c in cands) for cands in sets.values()}
-    if len(keys) != 1 or len(next(iter(keys))) != len(waiting):
-      continue
-    ranked = _ranked(next(iter(keys)), ck)
-    if ranked is None or {*decided.values()} & {k for k, _, _ in ranked}:
-      continue
-    assigned = dict(zip(sorted(waiting), ranked))
-    if not _in_order(members, assigned, decided, ck):
+    # the open siblings that want the same tensors, as many as they are, pair in order
+    groups: dict[frozenset[tuple[str, ...]], list[int]] = {}
+    for n, cands in sets.items():
+      groups.setdefault(frozenset(c.keys for c in cands), []).append(n)
+    assigned: dict[int, tuple[tuple[str, ...], str, int]] = {}
+    for tensors, ns in groups.items():
+      ranked = _ranked(tensors, ck) if len(tensors) == len(ns) >= 2 else None
+      if ranked is not None and not taken & {k for k, _, _ in ranked}:
+        assigned.update(zip(sorted(ns), ranked))
+    if not assigned or not _in_order(members, assigned, decided, ck):
       continue
     for n, (tensor, what, _) in assigned.items():
       picks = [c for c in sets[n] if c.keys == tensor]
       if len(picks) == 1:
-        label = f"{base}_{n}" if base else str(n)
-        out[waiting[n]] = (picks[0], f"in order: {label} of {len(members)} is the {what}")
+        module = waiting[n].split("/")[-2]
+        out[waiting[n]] = (picks[0], f"in order: {module} of {len(members)} is the {what}")
   return out
 
 
@@ -132,14 +135,17 @@ def _in_order(
   decided: Mapping[str, tuple[str, ...]],
   ck: Checkpoint,
 ) -> bool:
-  """Whether every sibling, decided by other evidence or paired now, sits in call order."""
+  """Whether every sibling decided by other evidence or paired now sits in call order (a
+  decided one of no known role leaves the order unproven)."""
   ranks = []
   for n in sorted(members):
     if n in assigned:
       ranks.append(assigned[n][2])
       continue
-    keys = decided.get(members[n]) or ()
-    r = _role_of(keys[0], ck) if keys else None
+    keys = decided.get(members[n])
+    if not keys:
+      continue  # still open: it contradicts nothing
+    r = _role_of(keys[0], ck)
     if r is None:
       return False
     ranks.append(r[1])
