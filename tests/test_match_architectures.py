@@ -117,6 +117,7 @@ def test_the_config_can_be_given_to_match_for_a_source_without_one(tmp_path):
   target = hf.target(style, shapes, arch, sizes)
   src = without_config("gpt_neox", tmp_path)
   m = prj.match(target, src, config=config)
+  assert "from match(config=...): model_type = gpt_neox" in str(m)
   weights = hf.to_canonical(style, shapes, arch, sizes, prj.restore(target, src, recipes=m))
   got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)

@@ -103,7 +103,10 @@ def match(
     ignored += sorted(k for k in forms.hidden if k not in reads)
   if not problems:
     problems += _unused_layers(ignored, ck)
-  result = Match(ordered, ignored, stored, ck.facts.rows(), changed)
+  origin = (
+    "match(config=...)" if config is not None else getattr(stored, "config_origin", "config.json")
+  )
+  result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin)
   if problems:
     error = refusal.refuse(problems, ranked, slots, source, ck)
     error.partial = result

@@ -37,6 +37,8 @@ class Match(sets.RecipeSet):
     ignored_keys: checkpoint keys no target parameter needs (``restore`` skips them).
     facts: ``(fact, value)`` pairs the checkpoint's ``config.json`` contributed (model type,
       head counts, tied embeddings, the layout of fused tensors); empty without a config.
+    facts_from: where they came from (``"config.json"``, ``"the GGUF metadata"``, or
+      ``"match(config=...)"``).
     hint_effects: ``(target, without the hints, with them)`` for every parameter the hints did
       not name whose outcome they changed (a recipe, ``"refused"`` or ``"undecided"``).
 
@@ -59,8 +61,10 @@ class Match(sets.RecipeSet):
     source: Any,
     facts: Iterable[tuple[str, str]] = (),
     hint_effects: Iterable[tuple[str, str, str]] = (),
+    facts_from: str = "config.json",
   ):
     self.proposals = tuple(proposals)
+    self.facts_from = facts_from
     self.source = source
     self.facts = tuple(facts)
     self.hint_effects = tuple(hint_effects)
@@ -83,7 +87,7 @@ class Match(sets.RecipeSet):
     width = max((len(t) for t, _, _ in rows), default=0)
     lines = [f"Match: {len(rows)} parameters from {self.source!r}"]
     if self.facts:
-      lines.append("  from config.json: " + "; ".join(f"{k} = {v}" for k, v in self.facts))
+      lines.append(f"  from {self.facts_from}: " + "; ".join(f"{k} = {v}" for k, v in self.facts))
     lines += [f"  {t:<{width}}  <- {expr}   [{why}]" for t, expr, why in rows]
     if self.hint_effects:
       lines.append("  changed by the hints (parameters they do not name):")
@@ -98,7 +102,7 @@ class Match(sets.RecipeSet):
     return (
       f"<p>Match: {len(self.proposals)} parameters</p>"
       + (
-        "<p>From config.json: "
+        f"<p>From {html.escape(self.facts_from)}: "
         + "; ".join(f"{html.escape(k)} = {html.escape(v)}" for k, v in self.facts)
         + "</p>"
         if self.facts

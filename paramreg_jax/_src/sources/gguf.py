@@ -90,6 +90,8 @@ class GGUFSource(source_lib.BaseSource):
     (True, 1)
   """
 
+  config_origin = "the GGUF metadata"  # what Match reports its facts came from
+
   def __init__(self, path: str | os.PathLike[str]):
     super().__init__()
     self.path = pathlib.Path(path)
