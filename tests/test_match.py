@@ -471,8 +471,10 @@ def test_uninformative_names_with_equal_shapes_are_ambiguous_not_assigned():
   with pytest.raises(prj.MatchError) as info:
     prj.match(target, MemorySource(ck))
   text = str(info.value)
-  for j in range(3):
-    assert f"layers_0/attn/proj_{j}/kernel: ambiguous" in text
+  for j in range(3):  # each is its own question (one bullet: they are alike)
+    assert f"layers_0/attn/proj_{j}/kernel: ambiguous" in info.value.problems[j]
+    assert f'  # "layers_0/attn/proj_{j}/kernel": ' in text
+  assert "(and 2 more alike: layers_0/attn/proj_1/kernel, layers_0/attn/proj_2/kernel)" in text
   assert "hints=" in text
   # a hint settles it, and its key is no longer offered to the others
   hinted = {

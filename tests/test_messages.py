@@ -78,3 +78,31 @@ def test_reconcile_after_inserting_a_layer_suggests_the_rename_that_keeps_the_mo
   np.testing.assert_array_equal(np.asarray(fixed[0].mu["layers"][2]["kernel"]), saved_mu)
   assert not np.asarray(fixed[0].mu["layers"][1]["kernel"]).any()  # the new layer starts fresh
   assert "n:layers/1/kernel" in str(report)
+
+
+def test_problems_alike_but_for_their_names_are_one_bullet():
+  """A bfloat16 model restored without a cast: one bullet says the fix, the others are named
+  after it; the unused keys likewise. ``.problems`` keeps every one."""
+  ck = {f"l{i}/w": np.ones((4, 4), np.float32) for i in range(6)}
+  ck |= {f"extra{i}": np.ones(3, np.float32) for i in range(12)}
+  target = {f"l{i}": {"w": jax.ShapeDtypeStruct((4, 4), jax.numpy.bfloat16)} for i in range(6)}
+  with pytest.raises(prj.RestorePlanError) as e:
+    prj.restore(target, prj.MemorySource(ck))
+  assert len(e.value.problems) == 18
+  assert str(e.value).splitlines()[1:] == [
+    "  - n:l0/w: checkpoint 'l0/w' has dtype float32, target expects bfloat16; pass "
+    "dtype_policy='cast' or add a cast recipe",
+    "    (and 5 more alike: n:l1/w, n:l2/w, n:l3/w, n:l4/w, n:l5/w)",
+    "  - checkpoint key 'extra0' is not used by any parameter; rename it, exclude it, or map it "
+    "with a recipe",
+    "    (and 11 more alike: 'extra1', 'extra10', 'extra11', 'extra2', 'extra3', 'extra4', "
+    "'extra5', 'extra6', ...)",
+  ]
+
+
+def test_two_problems_alike_stay_two_bullets():
+  ck = {f"l{i}/w": np.ones((4, 4), np.float32) for i in range(2)}
+  target = {f"l{i}": {"w": jax.ShapeDtypeStruct((4, 4), jax.numpy.bfloat16)} for i in range(2)}
+  with pytest.raises(prj.RestorePlanError) as e:
+    prj.restore(target, prj.MemorySource(ck))
+  assert "alike" not in str(e.value) and str(e.value).count("\n  - ") == 2

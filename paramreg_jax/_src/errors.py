@@ -8,6 +8,7 @@ or tree path, the expected and the actual value, and the fix.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
@@ -287,8 +288,48 @@ del _cls
 
 def collected(what: str, problems: Sequence[str], outcome: str) -> str:
   """``cannot <what>: N problem(s); <outcome>:`` and the problems as bullets (one format for
-  every all-at-once report)."""
-  return f"cannot {what}: {len(problems)} problem(s); {outcome}:" + bullet_list(problems)
+  every all-at-once report). Problems that differ only in the names they quote are one
+  bullet: the first in full, then the names of the others (``.problems`` keeps each).
+
+  Examples:
+    >>> print(collected("restore", [f"'w{i}' is float32, not bfloat16" for i in range(5)], "x"))
+    cannot restore: 5 problem(s); x:
+      - 'w0' is float32, not bfloat16
+        (and 4 more alike: 'w1', 'w2', 'w3', 'w4')
+  """
+  return f"cannot {what}: {len(problems)} problem(s); {outcome}:" + bullet_list(_alike(problems))
+
+
+_QUOTED = re.compile(r"'[^'\n]*'")
+_HEAD = re.compile(r"^[^\s']+?(?=: )")  # a problem that starts with the key it is about
+_ALIKE = 3  # problems of one form from which they are one bullet
+_NAMED = 8  # names the bullet lists of the others
+
+
+def _name(problem: str) -> str:
+  found = _HEAD.search(problem) or _QUOTED.search(problem)
+  return found.group(0) if found else problem
+
+
+def _alike(problems: Sequence[str]) -> list[str]:
+  """``problems`` with each group of at least ``_ALIKE`` one-line problems of one form (the
+  same words around different quoted names) folded into its first."""
+  forms: dict[str, list[int]] = {}
+  for i, p in enumerate(problems):
+    if "\n" not in p and (_QUOTED.search(p) or _HEAD.search(p)):
+      forms.setdefault(_QUOTED.sub("'…'", _HEAD.sub("…", p)), []).append(i)
+  folded = {i: ids for ids in forms.values() if len(ids) >= _ALIKE for i in ids[:1]}
+  hidden = {i for ids in folded.values() for i in ids[1:]}
+  out = []
+  for i, p in enumerate(problems):
+    if i in hidden:
+      continue
+    if i in folded:
+      others = [_name(problems[j]) for j in folded[i][1:]]
+      shown = ", ".join(others[:_NAMED]) + (", ..." if len(others) > _NAMED else "")
+      p = f"{p}\n    (and {len(others)} more alike: {shown})"
+    out.append(p)
+  return out
 
 
 def bullet_list(lines: Iterable[str]) -> str:
