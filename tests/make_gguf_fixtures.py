@@ -14,7 +14,8 @@
 * ``phi3-f32.gguf`` and ``phi3-q8_0.gguf``: a Phi-3 (``attn_qkv`` and a fused ``ffn_up`` of
   ``[gate | up]``), ``phi3.npz`` and ``phi3-config.json`` likewise.
 * ``gemma2-f32.gguf`` and ``gemma2-q8_0.gguf``: a Gemma 2 (four norms per layer, stored with 1
-  added as llama.cpp stores them), ``gemma2-f32.npz``/``gemma2-q8_0.npz`` the parameters
+  added as llama.cpp stores them), ``gemma2-logits.npz`` transformers' logits for each and
+  ``gemma2-config.json`` its config, ``gemma2-f32.npz``/``gemma2-q8_0.npz`` the parameters
   transformers' GGUF loader reads from each (its ``state_dict``, float32).
 * ``gpt_oss_square.safetensors``: gpt-oss experts with square shapes, fused ``gate_up_proj``
   and both biases; ``gpt_oss_square_reference.npz``: transformers' dequantization of them as
@@ -387,6 +388,20 @@ def gemma2() -> None:
     read = {k: v.detach().float().numpy() for k, v in loaded.state_dict().items()}
     np.savez(OUT / f"gemma2-{kind.lower()}.npz", **read)
     print(f"{name}: {(OUT / name).stat().st_size} bytes, {len(read)} parameters")
+  gemma2_logits()
+
+
+def gemma2_logits() -> None:
+  """Transformers' logits for the Gemma 2 files (eager attention: its soft-capping), and the
+  config its GGUF loader built, for the forward-pass test."""
+  ids = np.random.default_rng(3).integers(3, 64, size=(2, 7)).astype(np.int32)
+  out = {"input_ids": ids}
+  for kind in ("F32", "Q8_0"):
+    out[kind], loaded = _logits(f"gemma2-{kind.lower()}.gguf", ids)
+  np.savez(OUT / "gemma2-logits.npz", **out)
+  (OUT / "gemma2-config.json").write_text(
+    json.dumps(loaded.config.to_dict(), indent=1, default=str)
+  )
 
 
 if __name__ == "__main__":
@@ -394,6 +409,7 @@ if __name__ == "__main__":
 
   OUT.mkdir(parents=True, exist_ok=True)
   cases = {"llama": llama, "plain_llama": plain_llama, "phi3": phi3, "gemma2": gemma2}
+  cases |= {"gemma2_logits": gemma2_logits}
   cases |= {"fp8": fp8, "gpt_oss": gpt_oss, "gpt_oss_square": gpt_oss_square}
   for case in sys.argv[1:] or list(cases):
     cases[case]()

@@ -234,14 +234,8 @@ _GEMMA2_NORMS = {  # transformers' name -> a target's name, in three styles of n
 _HF_NORMS = _GEMMA2_NORMS["hf"]
 
 
-@pytest.mark.parametrize("kind", ["f32", "q8_0"])
-@pytest.mark.parametrize("naming", sorted(_GEMMA2_NORMS))
-def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, naming):
-  """Gemma 2's GGUF stores every norm weight + 1 and names its four norms in its own words:
-  each restores to what transformers' GGUF loader reads, into targets named as the GGUF, as a
-  user would, or as transformers does."""
-  src = prj.GGUFSource(DATA / f"gemma2-{kind}.gguf")
-  ref = np.load(DATA / f"gemma2-{kind}.npz")
+def _gemma2_target(naming):
+  """The tiny Gemma 2 as a stacked target, its four norms named in ``naming``'s words."""
   layers, hidden, ffn, heads, kv, head_dim, vocab = 2, 64, 128, 4, 2, 16, 64
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
   norms = {name: {"scale": f32(layers, hidden)} for name in _GEMMA2_NORMS[naming]}
@@ -263,6 +257,19 @@ def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, n
       },
     },
   }
+  return target
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+@pytest.mark.parametrize("naming", sorted(_GEMMA2_NORMS))
+def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, naming):
+  """Gemma 2's GGUF stores every norm weight + 1 and names its four norms in its own words:
+  each restores to what transformers' GGUF loader reads, into targets named as the GGUF, as a
+  user would, or as transformers does."""
+  src = prj.GGUFSource(DATA / f"gemma2-{kind}.gguf")
+  ref = np.load(DATA / f"gemma2-{kind}.npz")
+  layers = 2
+  target = _gemma2_target(naming)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
   target = _sharded(target, mesh)
   out = prj.restore(target, src, recipes=prj.match(target, src))  # no hint
@@ -285,6 +292,71 @@ def test_gemma2_norms_lose_the_one_llama_cpp_added_and_keep_their_places(kind, n
     for part in ("gate", "up", "down"):
       got = np.asarray(out["layers"]["mlp"][part]["kernel"][i])
       np.testing.assert_array_equal(got, ref[p + f"mlp.{part}_proj.weight"].T)
+
+
+def _gemma2_logits(params, config, names, ids):
+  """Gemma 2's forward as transformers' ``Gemma2ForCausalLM`` computes it (eager attention):
+  the embedding scaled by sqrt(hidden), RMS norms of ``x * (1 + w)``, a norm after each
+  sublayer too, attention logits scaled by ``query_pre_attn_scalar`` and soft-capped,
+  GeGLU (tanh gelu), the tied head's logits soft-capped."""
+  import jax.numpy as jnp
+
+  c = config
+  heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+  theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+
+  def norm(x, w):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + c["rms_norm_eps"]) * (1 + w)
+
+  def softcap(x, cap):
+    return jnp.tanh(x / cap) * cap if cap else x
+
+  emb = params["embed"]["embedding"]
+  x = emb[ids] * jnp.asarray(c["hidden_size"] ** 0.5, jnp.float32)
+  b, t = ids.shape
+  inv = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+  angles = np.arange(t)[:, None] * inv[None]
+  cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+
+  def rope(u):
+    rot = jnp.concatenate([-u[..., hd // 2 :], u[..., : hd // 2]], -1)
+    return u * cos[None, :, None] + rot * sin[None, :, None]
+
+  layers, attn, mlp = params["layers"], params["layers"]["attn"], params["layers"]["mlp"]
+  pre, post, pre_ffw, post_ffw = (layers[n]["scale"] for n in names)
+  causal = np.tril(np.ones((t, t), bool))
+  for i in range(c["num_hidden_layers"]):
+    h = norm(x, pre[i])
+    q = rope((h @ attn["q"]["kernel"][i]).reshape(b, t, heads, hd))
+    k = rope((h @ attn["k"]["kernel"][i]).reshape(b, t, kv, hd))
+    v = (h @ attn["v"]["kernel"][i]).reshape(b, t, kv, hd)
+    k, v = (jnp.repeat(u, heads // kv, axis=2) for u in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * c["query_pre_attn_scalar"] ** -0.5
+    scores = jnp.where(causal, softcap(scores, c.get("attn_logit_softcapping")), -jnp.inf)
+    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(b, t, heads * hd)
+    x = x + norm(o @ attn["o"]["kernel"][i], post[i])
+    h = norm(x, pre_ffw[i])
+    gate = jax.nn.gelu(h @ mlp["gate"]["kernel"][i], approximate=True)
+    x = x + norm((gate * (h @ mlp["up"]["kernel"][i])) @ mlp["down"]["kernel"][i], post_ffw[i])
+  x = norm(x, params["final_norm"]["scale"])
+  return np.asarray(softcap(x @ emb.T, c.get("final_logit_softcapping")))
+
+
+@pytest.mark.skipif(
+  not (DATA / "gemma2-logits.npz").exists(), reason="make_gguf_fixtures.py gemma2_logits"
+)
+@pytest.mark.parametrize("kind", ["F32", "Q8_0"])
+@pytest.mark.parametrize("naming", sorted(_GEMMA2_NORMS))
+def test_a_gemma2_gguf_runs_as_transformers_runs_it(kind, naming):
+  """The forward pass, by value: restored with no hint into each naming of the four norms,
+  the logits equal transformers' own Gemma 2 loaded from the same GGUF file."""
+  ref = np.load(DATA / "gemma2-logits.npz")
+  config = json.loads((DATA / "gemma2-config.json").read_text())
+  src = prj.GGUFSource(DATA / f"gemma2-{kind.lower()}.gguf")
+  target = _gemma2_target(naming)
+  out = prj.restore(target, src, recipes=prj.match(target, src))
+  got = _gemma2_logits(out, config, _GEMMA2_NORMS[naming], ref["input_ids"])
+  np.testing.assert_allclose(got, ref[kind], atol=2e-4, rtol=2e-4)
 
 
 def test_a_phi3_gguf_exports_back_to_its_own_tensors_bit_for_bit(tmp_path):
