@@ -192,6 +192,27 @@ MUTATIONS = (
     "  if False:\n",
     ("tests/test_kept_quantized.py", "-k", "cannot_fill"),
   ),
+  Mutation(
+    "order: siblings paired although the decided ones are out of call order",
+    "paramreg_jax/_src/match/order.py",
+    "  return all(a < b for a, b in zip(ranks, ranks[1:]))\n",
+    "  return True\n",
+    ("tests/test_match_refusals.py", "-k", "out_of_order"),
+  ),
+  Mutation(
+    "refusal: a checkpoint name offered where it does not say the layout",
+    "paramreg_jax/_src/match/refusal.py",
+    "    if name is not None and _names_only(name, c, slot, ck):\n",
+    "    if name is not None:\n",
+    ("tests/test_match_architectures.py", "-k", "lists_every_candidate"),
+  ),
+  Mutation(
+    "refusal: rivals across a number asked as one {i} question",
+    "paramreg_jax/_src/match/refusal.py",
+    '        if all("{i}" in c for cs in codes for c in cs) and (\n',
+    "        if True and (\n",
+    ("tests/test_match_refusals.py", "-k", "rivals"),
+  ),
 )
 
 
