@@ -342,9 +342,6 @@ def _gemma2_logits(params, config, names, ids):
   return np.asarray(softcap(x @ emb.T, c.get("final_logit_softcapping")))
 
 
-@pytest.mark.skipif(
-  not (DATA / "gemma2-logits.npz").exists(), reason="make_gguf_fixtures.py gemma2_logits"
-)
 @pytest.mark.parametrize("kind", ["F32", "Q8_0"])
 @pytest.mark.parametrize("naming", sorted(_GEMMA2_NORMS))
 def test_a_gemma2_gguf_runs_as_transformers_runs_it(kind, naming):
