@@ -221,6 +221,49 @@ def test_a_phi3_gguf_splits_its_fused_qkv_and_gate_up_for_a_model_with_separate_
   np.testing.assert_allclose(got, ref[kind], atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("kind", ["F32", "Q8_0"])
+def test_a_phi3_gguf_restores_into_a_model_that_keeps_qkv_and_gate_up_fused(kind):
+  """The other direction: a target with Phi-3's own fused ``qkv`` and ``gate_up`` kernels
+  takes ``attn_qkv`` and ``ffn_up`` whole (transposed, no split), and runs as transformers."""
+  arch, sizes, shapes = _case("phi3-config.json")
+  ref = np.load(DATA / "phi3.npz")
+  style = hf.STYLES["nnx"]
+  target = hf.target(style, shapes, arch, sizes)
+  attn, mlp = target["layers"]["attn"], target["layers"]["mlp"]
+  (layers, hidden, heads, hd), kv = attn["q"]["kernel"].shape, attn["k"]["kernel"].shape[2]
+  ffn = mlp["up"]["kernel"].shape[-1]
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
+  fused = dict(target, layers=dict(target["layers"]))
+  fused["layers"]["attn"] = {
+    "qkv": {"kernel": f32(layers, hidden, (heads + 2 * kv) * hd)},
+    "o": attn["o"],
+  }
+  fused["layers"]["mlp"] = {
+    "gate_up": {"kernel": f32(layers, hidden, 2 * ffn)},
+    "down": mlp["down"],
+  }
+  src = prj.GGUFSource(DATA / f"phi3-{kind.lower()}.gguf")
+  out = prj.restore(fused, src, recipes=prj.match(fused, src))  # no hint
+  qkv = np.asarray(out["layers"]["attn"]["qkv"]["kernel"])
+  q, k, v = np.split(qkv, [heads * hd, (heads + kv) * hd], axis=-1)
+  gate, up = np.split(np.asarray(out["layers"]["mlp"]["gate_up"]["kernel"]), 2, axis=-1)
+  restored = dict(out, layers=dict(out["layers"]))
+  restored["layers"]["attn"] = {
+    "q": {"kernel": q.reshape(layers, hidden, heads, hd)},
+    "k": {"kernel": k.reshape(layers, hidden, kv, hd)},
+    "v": {"kernel": v.reshape(layers, hidden, kv, hd)},
+    "o": out["layers"]["attn"]["o"],
+  }
+  restored["layers"]["mlp"] = {
+    "gate": {"kernel": gate},
+    "up": {"kernel": up},
+    "down": out["layers"]["mlp"]["down"],
+  }
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref[kind], atol=2e-4, rtol=2e-4)
+
+
 _GEMMA2_NORMS = {  # transformers' name -> a target's name, in three styles of naming
   "gguf": ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"),
   "user": ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm"),
