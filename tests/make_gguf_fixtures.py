@@ -247,10 +247,11 @@ def _writer(path: pathlib.Path, arch: str, s: dict, head_dim: int) -> gguf.GGUFW
 
 
 def _add(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], kind: str) -> None:
-  """Norms (1-D) stay F32 as llama.cpp keeps them; matrices in ``kind``."""
+  """Norms (1-D) stay F32 as llama.cpp keeps them, and rows no block fits (a conv kernel of
+  4); matrices in ``kind``."""
   qtype = gguf.GGMLQuantizationType[kind]
   for name, value in tensors.items():
-    if value.ndim == 1 or kind == "F32":
+    if value.ndim == 1 or kind == "F32" or value.shape[-1] % 32:
       w.add_tensor(name, value.astype(np.float32))
     elif kind == "F16":
       w.add_tensor(name, value.astype(np.float16))
@@ -404,12 +405,108 @@ def gemma2_logits() -> None:
   )
 
 
+def _reread(name: str) -> dict[str, np.ndarray]:
+  loaded = tf.AutoModelForCausalLM.from_pretrained(OUT, gguf_file=name, dtype=torch.float32)
+  return {k: v.detach().float().numpy() for k, v in loaded.state_dict().items()}
+
+
+def mamba() -> None:
+  """Mamba: ``ssm_a`` stored as ``A = -exp(A_log)``, the conv kernel without its middle axis,
+  as llama.cpp's converter writes them; ``mamba-{kind}.npz`` every parameter transformers'
+  GGUF loader reads back (``log(-A)``)."""
+  torch.manual_seed(4)
+  config = tf.MambaConfig(
+    vocab_size=64,
+    hidden_size=64,
+    state_size=16,
+    num_hidden_layers=2,
+    expand=2,
+    conv_kernel=4,
+    time_step_rank=4,
+    tie_word_embeddings=True,
+  )
+  model = tf.MambaForCausalLM(config).eval()
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  tensors = {
+    "token_embd.weight": sd["backbone.embeddings.weight"],
+    "output_norm.weight": sd["backbone.norm_f.weight"],
+  }
+  names = {
+    "in_proj.weight": "ssm_in.weight",
+    "x_proj.weight": "ssm_x.weight",
+    "dt_proj.weight": "ssm_dt.weight",
+    "dt_proj.bias": "ssm_dt.bias",
+    "out_proj.weight": "ssm_out.weight",
+    "conv1d.bias": "ssm_conv1d.bias",
+    "D": "ssm_d",
+  }
+  for i in range(config.num_hidden_layers):
+    p = f"backbone.layers.{i}."
+    tensors[f"blk.{i}.attn_norm.weight"] = sd[p + "norm.weight"]
+    tensors |= {f"blk.{i}.{g}": sd[p + "mixer." + h] for h, g in names.items()}
+    tensors[f"blk.{i}.ssm_a"] = -np.exp(sd[p + "mixer.A_log"])
+    tensors[f"blk.{i}.ssm_conv1d.weight"] = sd[p + "mixer.conv1d.weight"][:, 0, :]
+  for kind in ("F32", "Q8_0"):
+    name = f"mamba-{kind.lower()}.gguf"
+    w = gguf.GGUFWriter(str(OUT / name), "mamba")
+    w.add_name("tiny-mamba")
+    w.add_context_length(64)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_ssm_conv_kernel(config.conv_kernel)
+    w.add_ssm_inner_size(config.intermediate_size)
+    w.add_ssm_state_size(config.state_size)
+    w.add_ssm_time_step_rank(config.time_step_rank)
+    w.add_layer_norm_rms_eps(config.layer_norm_epsilon)
+    w.add_vocab_size(config.vocab_size)
+    _add(w, {k: v for k, v in tensors.items()}, kind)
+    read = _reread(name)
+    np.savez(OUT / f"mamba-{kind.lower()}.npz", **read)
+    print(f"{name}: {(OUT / name).stat().st_size} bytes, {len(read)} parameters")
+
+
+def nemotron() -> None:
+  """Nemotron: its layer norms stored with 1 added (``norm.weight``), as llama.cpp writes them;
+  ``nemotron-{kind}.npz`` every parameter transformers' GGUF loader reads back."""
+  torch.manual_seed(5)
+  s = dict(SMALL, head_dim=16, partial_rotary_factor=0.5)
+  model = _randomized(tf.NemotronForCausalLM(tf.NemotronConfig(**s)))
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  tensors = {
+    "token_embd.weight": sd["model.embed_tokens.weight"],
+    "output_norm.weight": sd["model.norm.weight"] + 1,
+    "output_norm.bias": sd["model.norm.bias"],
+    "output.weight": sd["lm_head.weight"],
+  }
+  for i in range(s["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    for g, h in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
+      tensors[f"blk.{i}.{g}.weight"] = sd[p + h + ".weight"] + 1
+      tensors[f"blk.{i}.{g}.bias"] = sd[p + h + ".bias"]
+    tensors |= {
+      f"blk.{i}.attn_q.weight": sd[p + "self_attn.q_proj.weight"],
+      f"blk.{i}.attn_k.weight": sd[p + "self_attn.k_proj.weight"],
+      f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
+      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+      f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
+      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
+    }
+  for kind in ("F32", "Q8_0"):
+    name = f"nemotron-{kind.lower()}.gguf"
+    _add(_writer(OUT / name, "nemotron", s, s["head_dim"]), tensors, kind)
+    read = _reread(name)
+    np.savez(OUT / f"nemotron-{kind.lower()}.npz", **read)
+    print(f"{name}: {(OUT / name).stat().st_size} bytes, {len(read)} parameters")
+
+
 if __name__ == "__main__":
   import sys
 
   OUT.mkdir(parents=True, exist_ok=True)
   cases = {"llama": llama, "plain_llama": plain_llama, "phi3": phi3, "gemma2": gemma2}
-  cases |= {"gemma2_logits": gemma2_logits}
+  cases |= {"gemma2_logits": gemma2_logits, "mamba": mamba, "nemotron": nemotron}
   cases |= {"fp8": fp8, "gpt_oss": gpt_oss, "gpt_oss_square": gpt_oss_square}
   for case in sys.argv[1:] or list(cases):
     cases[case]()

@@ -891,3 +891,15 @@ def test_gpt2_fused_qkv_into_stacked_separate_projections_with_split_heads():
     expected[f"layers/attn/{n}/bias"] = stack("attn.c_attn.bias", lambda b: b[cols].reshape(H, DH))
   m = check(target, MemorySource(ck), expected)
   assert "part of fused 'transformer.h.0.attn.c_attn.weight', stacked 2 layers" in str(m)
+
+
+def test_a_square_tied_head_kernel_is_the_table_transposed():
+  """vocab = hidden: a flax ``[in, out]`` head kernel tied to the ``[vocab, hidden]`` table is
+  its transpose (it once came back as the table itself: right shape, wrong values); a
+  torch-style ``weight`` head is the table."""
+  table = rand(8, 8)
+  src = MemorySource({"model.embed_tokens.weight": table}, config={"tie_word_embeddings": True})
+  for leaf, want in (("kernel", table.T), ("weight", table)):
+    target = {"embed": {"embedding": sds((8, 8))}, "lm_head": {leaf: sds((8, 8))}}
+    got = prj.restore(target, src, recipes=prj.match(target, src))
+    np.testing.assert_array_equal(np.asarray(got["lm_head"][leaf]), want, err_msg=leaf)

@@ -442,3 +442,42 @@ def test_gpt_oss_square_experts_with_biases_match_with_no_hint(sharded):
     got = np.asarray(experts[name]["kernel"])
     np.testing.assert_array_equal(got.view(np.uint32), ref[theirs].view(np.uint32), err_msg=name)
     np.testing.assert_array_equal(np.asarray(experts[name]["bias"]), ref[theirs + "_bias"])
+
+
+def _flax_named(ref):
+  """``{target name: (transformers' name, transposed?)}`` and the target: transformers' own
+  module names, held as flax holds them (a linear ``kernel`` ``[in, out]``, a norm ``scale``,
+  an ``embedding``; a conv kernel and the SSM's ``A_log`` and ``D`` as they are)."""
+  names, target = {}, {}
+  for key in ref.files:
+    module, _, leaf = key.rpartition(".")
+    shape = ref[key].shape
+    linear = leaf == "weight" and len(shape) == 2 and "embed" not in module
+    if leaf == "weight":
+      leaf = "kernel" if linear else "embedding" if "embed" in module else "scale"
+      if len(shape) == 3:
+        leaf = "kernel"
+    name = f"{module.replace('.', '/')}/{leaf}" if module else leaf
+    names[name] = (key, linear)
+    node = target
+    *head, last = name.split("/")
+    for part in head:
+      node = node.setdefault(part, {})
+    node[last] = jax.ShapeDtypeStruct(shape[::-1] if linear else shape, np.float32)
+  return names, target
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+@pytest.mark.parametrize("model", ["mamba", "nemotron"])
+def test_mamba_and_nemotron_ggufs_restore_as_transformers_reads_them(model, kind):
+  """Mamba's ``ssm_a`` is ``A = -exp(A_log)`` and its conv kernel lost its middle axis;
+  Nemotron's norms carry llama.cpp's +1: with no hint, every parameter equals what
+  transformers' GGUF loader reads from the same file (``log(-A)``, the axis back, the 1 off)."""
+  ref = np.load(DATA / f"{model}-{kind}.npz")
+  src = prj.GGUFSource(DATA / f"{model}-{kind}.gguf")
+  names, target = _flax_named(ref)
+  out = prj.restore(target, src, recipes=prj.match(target, src))
+  got = {prj.path_to_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(out)[0]}
+  for name, (key, linear) in names.items():
+    want = ref[key].T if linear else ref[key]
+    np.testing.assert_allclose(np.asarray(got[name]), want, rtol=1e-6, atol=1e-6, err_msg=key)

@@ -322,7 +322,8 @@ def linear_target(c: Concepts, shape: tuple[int, ...]) -> bool:
   """A target parameter that may be a linear weight: 2-D, named as no lookup table or norm.
   (A target's name is the user's: ``mlp/x`` may well be a kernel, so no bare rule here; a
   stored ``A_log`` is not linear, and that is what orientation asks.)"""
-  return c.kind == "w" and len(shape) == 2 and not c.tokens & {"embed", "norm", "relpos"}
+  # a depthwise conv stored 2-D (Mamba's ``ssm_conv1d`` [channels, kernel]) multiplies nothing
+  return c.kind == "w" and len(shape) == 2 and not c.tokens & {"embed", "norm", "relpos", "conv1d"}
 
 
 def linear_convention(

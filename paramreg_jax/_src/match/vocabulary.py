@@ -139,6 +139,14 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "attn_output": ("attn", "o"),
   "ffn_gate_up": ("mlp", "gate_up"),
   "output_norm": ("final", "norm"),
+  # GGUF's Mamba (``blk.{i}.ssm_in``) and transformers' (``mixer.in_proj``); ``ssm_a`` is read
+  # through the values view as the ``A_log`` it stands for
+  "mixer": ("ssm",),
+  "ssm_in": ("ssm", "in", "proj"),
+  "ssm_x": ("ssm", "x", "proj"),
+  "ssm_dt": ("ssm", "dt", "proj"),
+  "ssm_a": ("ssm", "a", "log"),
+  "ssm_out": ("ssm", "o"),
   "embed_out": ("head",),  # GPT-NeoX
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed")},
 }
