@@ -72,6 +72,30 @@ def _q4_k_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
   return blocks.reshape(rows, cols // 256 * 144)
 
 
+_BLOCK = {  # llama.cpp's name -> transformers' for a decoder layer's linear weights
+  "attn_q": "self_attn.q_proj",
+  "attn_k": "self_attn.k_proj",
+  "attn_v": "self_attn.v_proj",
+  "attn_output": "self_attn.o_proj",
+  "ffn_gate": "mlp.gate_proj",
+  "ffn_up": "mlp.up_proj",
+  "ffn_down": "mlp.down_proj",
+}
+
+
+def _block(sd: dict[str, np.ndarray], i: int, heads: tuple[int, int] | None = None) -> dict:
+  """Layer ``i``'s linear weights that ``sd`` has, under llama.cpp's names; ``heads`` (q, kv
+  head counts): q and k permuted as llama.cpp's converter permutes them."""
+  p = f"model.layers.{i}."
+  out = {
+    f"blk.{i}.{g}.weight": sd[f"{p}{h}.weight"] for g, h in _BLOCK.items() if f"{p}{h}.weight" in sd
+  }
+  if heads is not None:
+    for part, n in zip(("q", "k"), heads):
+      out[f"blk.{i}.attn_{part}.weight"] = _permute(out[f"blk.{i}.attn_{part}.weight"], n)
+  return out
+
+
 def _gguf_tensors(model: tf.LlamaForCausalLM) -> dict[str, np.ndarray]:
   """The model's tensors under llama.cpp's names, q and k permuted."""
   sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
@@ -85,13 +109,7 @@ def _gguf_tensors(model: tf.LlamaForCausalLM) -> dict[str, np.ndarray]:
     p = f"model.layers.{i}."
     out[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
     out[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
-    out[f"blk.{i}.attn_q.weight"] = _permute(sd[p + "self_attn.q_proj.weight"], heads)
-    out[f"blk.{i}.attn_k.weight"] = _permute(sd[p + "self_attn.k_proj.weight"], kv)
-    out[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
-    out[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
-    out[f"blk.{i}.ffn_gate.weight"] = sd[p + "mlp.gate_proj.weight"]
-    out[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
-    out[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
+    out |= _block(sd, i, (heads, kv))
   return out
 
 
@@ -295,14 +313,8 @@ def plain_llama() -> None:
     tensors |= {
       f"blk.{i}.attn_norm.weight": sd[p + "input_layernorm.weight"],
       f"blk.{i}.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
-      f"blk.{i}.attn_q.weight": _permute(sd[p + "self_attn.q_proj.weight"], heads),
-      f"blk.{i}.attn_k.weight": _permute(sd[p + "self_attn.k_proj.weight"], kv),
-      f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
-      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
-      f"blk.{i}.ffn_gate.weight": sd[p + "mlp.gate_proj.weight"],
-      f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
-      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
     }
+    tensors |= _block(sd, i, (heads, kv))
   ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], size=(2, 7)).astype(np.int32)
   out = {"input_ids": ids}
   for kind in ("F32", "F16", "BF16"):
@@ -370,23 +382,14 @@ def gemma2() -> None:
   for i in range(s["num_hidden_layers"]):
     p = f"model.layers.{i}."
     tensors |= {f"blk.{i}.{g}.weight": sd[p + h + ".weight"] + 1 for g, h in names.items()}
-    tensors |= {
-      f"blk.{i}.attn_q.weight": sd[p + "self_attn.q_proj.weight"],
-      f"blk.{i}.attn_k.weight": sd[p + "self_attn.k_proj.weight"],
-      f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
-      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
-      f"blk.{i}.ffn_gate.weight": sd[p + "mlp.gate_proj.weight"],
-      f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
-      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
-    }
+    tensors |= _block(sd, i)
   for kind in ("F32", "Q8_0"):
     name = f"gemma2-{kind.lower()}.gguf"
     w = _writer(OUT / name, "gemma2", s, s["head_dim"])
     w.add_key_length(s["head_dim"])
     w.add_value_length(s["head_dim"])
     _add(w, tensors, kind)
-    loaded = tf.AutoModelForCausalLM.from_pretrained(OUT, gguf_file=name, dtype=torch.float32)
-    read = {k: v.detach().float().numpy() for k, v in loaded.state_dict().items()}
+    read = _reread(name)
     np.savez(OUT / f"gemma2-{kind.lower()}.npz", **read)
     print(f"{name}: {(OUT / name).stat().st_size} bytes, {len(read)} parameters")
   gemma2_logits()
@@ -485,14 +488,7 @@ def nemotron() -> None:
     for g, h in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
       tensors[f"blk.{i}.{g}.weight"] = sd[p + h + ".weight"] + 1
       tensors[f"blk.{i}.{g}.bias"] = sd[p + h + ".bias"]
-    tensors |= {
-      f"blk.{i}.attn_q.weight": sd[p + "self_attn.q_proj.weight"],
-      f"blk.{i}.attn_k.weight": sd[p + "self_attn.k_proj.weight"],
-      f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
-      f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
-      f"blk.{i}.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
-      f"blk.{i}.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
-    }
+    tensors |= _block(sd, i)
   for kind in ("F32", "Q8_0"):
     name = f"nemotron-{kind.lower()}.gguf"
     _add(_writer(OUT / name, "nemotron", s, s["head_dim"]), tensors, kind)

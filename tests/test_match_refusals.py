@@ -93,7 +93,9 @@ def choose(target, src, truth, rename=lambda n: n, rounds=6):
   raise AssertionError(f"still refused after {rounds} rounds of choosing")
 
 
-def _setup(name, variant, tmp_path):
+def _case(name, config, tmp_path):
+  """A suite architecture's flax target, its source (``config``: with config.json beside it)
+  and the truth: ``match``'s proposals for the target with its own names and the config."""
   arch, sizes, cfg, ref = hf.case(name)
   style = hf.STYLES["flax"]
   shapes = hf.canonical_shapes(arch, sizes)
@@ -102,52 +104,54 @@ def _setup(name, variant, tmp_path):
   target = hf.target(style, shapes, arch, sizes)
   path = hf.DATA / name / "model.safetensors"
   truth = {p.target: p for p in prj.match(target, SafetensorsSource(path)).proposals}
-  if "no config" in variant:
+  if not config:
     shutil.copy(path, tmp_path / "model.safetensors")
     path = tmp_path / "model.safetensors"
-  renamed = {}
-  if "renamed" in variant:  # every per-layer module an opaque token, the structure kept
-    for key in [k for k in target if k.startswith("layers_")]:
-      for j, module in enumerate(sorted(target[key])):
-        target[key][f"m{j}"] = target[key].pop(module)
-        renamed[f"{key}/m{j}/"] = f"{key}/{module}/"
+  return arch, sizes, ref, style, shapes, target, SafetensorsSource(path), truth
+
+
+def _renamer(back):
+  """A target name back in the suite's own words (``back``: new prefix -> old prefix)."""
 
   def rename(n):
-    for new, old in renamed.items():
+    for new, old in back.items():
       if n.startswith(new):
         return old + n[len(new) :]
     return n
 
-  return arch, sizes, ref, style, shapes, target, SafetensorsSource(path), truth, rename, renamed
+  return rename
 
 
-def _back(restored, renamed):
-  flat = {prj.path_to_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
-  out: dict = {}
-  for n, v in flat.items():
-    for new, old in renamed.items():
-      if n.startswith(new):
-        n = old + n[len(new) :]
-    node = out
-    *head, last = n.split("/")
+def _restores_as_pytorch(arch, sizes, ref, style, shapes, target, src, truth, back):
+  """The chooser's restore, renamed back, gives PyTorch's logits; returns its choices."""
+  rename = _renamer(back)
+  m, choices, _ = choose(target, src, truth, rename)
+  flat = jax.tree_util.tree_flatten_with_path(prj.restore(target, src, recipes=m))[0]
+  restored: dict = {}
+  for path, value in flat:
+    node = restored
+    *head, last = rename(prj.path_to_name(path)).split("/")
     for part in head:
       node = node.setdefault(part, {})
-    node[last] = v
-  return out
+    node[last] = value
+  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
+  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+  return choices
 
 
 @pytest.mark.parametrize("variant", ["no config", "renamed", "renamed, no config"])
 @pytest.mark.parametrize("name", CASES)
 def test_a_user_who_only_uncomments_lines_restores_every_refusal(name, variant, tmp_path):
-  arch, sizes, ref, style, shapes, target, src, truth, rename, renamed = _setup(
-    name, variant, tmp_path
-  )
-  m, choices, refusals = choose(target, src, truth, rename)
-  restored = _back(prj.restore(target, src, recipes=m), renamed)
-  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
-  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
-  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
-  print(name, variant, "choices", choices, "refusals", refusals)
+  *model, target, src, truth = _case(name, "no config" not in variant, tmp_path)
+  back = {}
+  if "renamed" in variant:  # every per-layer module an opaque token, the structure kept
+    for key in [k for k in target if k.startswith("layers_")]:
+      for j, module in enumerate(sorted(target[key])):
+        target[key][f"m{j}"] = target[key].pop(module)
+        back[f"{key}/m{j}/"] = f"{key}/{module}/"
+  choices = _restores_as_pytorch(*model, target, src, truth, back)
+  print(name, variant, "choices", choices)
 
 
 def _sds(shape, dtype=np.float32):
@@ -350,32 +354,10 @@ def test_auto_names_map_or_ask_with_the_truth_among_the_lines(name, config, numb
   """Every architecture with each block's modules named by the framework, in call order:
   ``match`` maps it, or asks with the true tensor among each entry's lines; the chooser's
   restore equals PyTorch's forward."""
-  arch, sizes, cfg, ref = hf.case(name)
-  style = hf.STYLES["flax"]
-  shapes = hf.canonical_shapes(arch, sizes)
-  if arch.head and not cfg.get("tie_word_embeddings", True):
-    shapes = hf.with_head(shapes, arch, sizes)
-  target = hf.target(style, shapes, arch, sizes)
-  path = hf.DATA / name / "model.safetensors"
-  truth = {p.target: p for p in prj.match(target, SafetensorsSource(path)).proposals}
-  if not config:
-    shutil.copy(path, tmp_path / "model.safetensors")
-    path = tmp_path / "model.safetensors"
+  *model, target, src, truth = _case(name, config, tmp_path)
   back = {}
   for key in [k for k in target if k.startswith("layers_")]:
     target[key], renamed = _auto_named(target[key], numbering)
     back.update({f"{key}/{new}/": f"{key}/{old}/" for old, new in renamed.items()})
-
-  def rename(n):
-    for new, old in back.items():
-      if n.startswith(new):
-        return old + n[len(new) :]
-    return n
-
-  src = SafetensorsSource(path)
-  m, choices, _ = choose(target, src, truth, rename)
-  restored = _back(prj.restore(target, src, recipes=m), back)
-  weights = hf.to_canonical(style, shapes, arch, sizes, restored)
-  got = np.asarray(hf.forward(arch, sizes, weights, ref["input_ids"]))
-  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5)
+  choices = _restores_as_pytorch(*model, target, src, truth, back)
   print(name, config, "choices", choices)
