@@ -108,7 +108,8 @@ def candidates(
   return out
 
 
-_FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+# a fused tensor's parts, in the order its layouts name them
+FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 def _per_expert(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
@@ -159,19 +160,19 @@ def _joined(
   tc: Concepts, shape: tuple[int, ...], keys: Iterable[str], ck: Checkpoint
 ) -> list[Candidate]:
   """A fused target (``qkv``, ``gate_up``) as the concatenation of its separate parts."""
-  fused = next((f for f in _FUSED_PARTS if f in tc.tokens), None)
+  fused = next((f for f in FUSED_PARTS if f in tc.tokens), None)
   if fused is None or len(shape) not in (1, 2):
     return []
   base = tc.tokens - {fused}
   chosen, scores = [], []
-  for part in _FUSED_PARTS[fused]:
+  for part in FUSED_PARTS[fused]:
     want = Concepts("", base | {part}, (), tc.kind)
     src = ck.concepts
     ranked = sorted(
       (
         (want.similarity(src[k]), k)
         for k in keys
-        if src[k].kind == tc.kind and src[k].tokens & set(_FUSED_PARTS[fused]) == {part}
+        if src[k].kind == tc.kind and src[k].tokens & set(FUSED_PARTS[fused]) == {part}
       ),
       reverse=True,
     )
@@ -200,7 +201,7 @@ def _joined(
     return ops.concatenate(parts, axis=len(shape) - 1)
 
   score = sum(scores) / len(scores)
-  return [Candidate(score, tuple(chosen), f"joined {'+'.join(_FUSED_PARTS[fused])}", build)]
+  return [Candidate(score, tuple(chosen), f"joined {'+'.join(FUSED_PARTS[fused])}", build)]
 
 
 def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:

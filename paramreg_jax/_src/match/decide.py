@@ -14,6 +14,7 @@ from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import fused
 from paramreg_jax._src.match import order
+from paramreg_jax._src.match import refusal
 from paramreg_jax._src.match.candidates import IN_OUT_LEAVES
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
@@ -356,9 +357,8 @@ def _unmatched(slot: Any, ranked: dict[str, list[Candidate]]) -> str:
 
 
 def names(problem: str, name: str) -> bool:
-  """Whether ``problem`` is about ``name`` (problems start ``a, b (shape): ...``)."""
-  head = problem.split(":", 1)[0]
-  return name in (part.split(" ")[0] for part in head.split(", "))
+  """Whether ``problem`` is about ``name``."""
+  return name in refusal.heads(problem)
 
 
 def cast_to_targets(slots: list[Any], proposals: dict[str, Proposal], source: Any) -> None:

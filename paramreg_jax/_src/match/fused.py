@@ -11,6 +11,7 @@ from typing import Any
 
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
+from paramreg_jax._src.match.candidates import FUSED_PARTS
 from paramreg_jax._src.match.refusal import Choice
 from paramreg_jax._src.match.refusal import Problem
 from paramreg_jax._src.match.report import Proposal
@@ -19,8 +20,6 @@ from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.selection import Indices
 from paramreg_jax._src.sources.selection import Range
-
-_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +65,7 @@ def split(
   tokens = {n: concepts(n).tokens | {roles[n].rstrip("?")} - {""} for n in names if n in roles}
   tokens |= {n: concepts(n).tokens for n in names if n not in roles}
   fused = "qkv" if any(tokens[n] & {"q", "k", "v"} for n in names) else "gate_up"
-  parts = _PARTS[fused]
+  parts = FUSED_PARTS[fused]
   names.sort(key=lambda n: min(parts.index(t) for t in tokens[n] if t in parts))
   stored = ck.shapes[keys[0]]
   per_layer = {n: shapes[n][1:] if stacked else shapes[n] for n in names}
@@ -122,7 +121,7 @@ def _undecided(
     )
   said = f"config.json model_type {facts.model_type!r}" if facts.model_type else "no config.json"
   why = f"; {known}" if known else ""
-  parts = _PARTS["qkv" if "q" in f.present else "gate_up"]
+  parts = FUSED_PARTS["qkv" if "q" in f.present else "gate_up"]
   return Problem(
     f"{', '.join(f.names)}: parts of fused {key!r} {stored}, but how its {'/'.join(parts)} "
     f"are laid out along axis {f.axis} is not known for this checkpoint ({said}{why}): "

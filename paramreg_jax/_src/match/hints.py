@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
       if key not in known:
         unknown.append(f"{key!r}{errors.did_you_mean(key, names)}")
       continue
-    hits = _layers_of(key, names)
+    hits = layers_of(key, names)
     if not hits:
       unknown.append(f"{key!r} (no target name fits the template)")
     for name, i in hits:
@@ -58,7 +59,7 @@ def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
   return out
 
 
-def _layers_of(template: str, names: list[str]) -> list[tuple[str, str]]:
+def layers_of(template: str, names: Sequence[str]) -> list[tuple[str, str]]:
   """``(name, layer)`` of each target name a ``{i}`` template fits (none without ``{i}``)."""
   if "{i}" not in template:
     return []
@@ -74,7 +75,7 @@ def _swapped(plain: dict[str, Any], names: list[str]) -> str:
   turned = {
     v: k
     for k, v in plain.items()
-    if isinstance(v, str) and k not in known and (v in known or _layers_of(v, names))
+    if isinstance(v, str) and k not in known and (v in known or layers_of(v, names))
   }
   if not turned:
     return ""

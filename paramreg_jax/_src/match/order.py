@@ -57,6 +57,16 @@ def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
   return ("/".join(parts[:-2]), base, leaf), int(n or 0)
 
 
+def _families(names: list[str]) -> dict[tuple[str, str, str], dict[int, str]]:
+  """``{(parent, base, leaf): {number: name}}``: the numbered siblings among ``names``."""
+  families: dict[tuple[str, str, str], dict[int, str]] = {}
+  for name in names:
+    found = _sibling(name)
+    if found is not None:
+      families.setdefault(found[0], {})[found[1]] = name
+  return families
+
+
 def role(tokens: frozenset[str]) -> tuple[str, int] | None:
   """A tensor's place in a block's call order: ``(what, rank)``, or None if not known."""
   if "norm" in tokens:
@@ -77,11 +87,7 @@ def settle(
 ) -> dict[str, tuple[Candidate, str]]:
   """``{open leaf: (candidate, why)}`` for the numbered siblings the order pairs with roles.
   ``decided``: the keys of each decided leaf; ``top``: a leaf's candidates evidence may pick."""
-  families: dict[tuple[str, str, str], dict[int, str]] = {}
-  for name in [*open_, *decided]:
-    found = _sibling(name)
-    if found is not None:
-      families.setdefault(found[0], {})[found[1]] = name
+  families = _families([*open_, *decided])
   out: dict[str, tuple[Candidate, str]] = {}
   taken = {*decided.values()}
   for members in families.values():
@@ -163,11 +169,7 @@ def fused_roles(names: list[str], ck: Checkpoint) -> dict[str, str]:
   layer of the checkpoint holds a fused qkv or gate_up: nothing names the part each one is,
   and only its role can say which rows of the fused tensor it takes (separate tensors are
   paired by :func:`settle` instead, from their own names)."""
-  families: dict[tuple[str, str, str], dict[int, str]] = {}
-  for name in names:
-    found = _sibling(name)
-    if found is not None:
-      families.setdefault(found[0], {})[found[1]] = name
+  families = _families(names)
   out = {}
   for (parent, _, _), members in families.items():
     where = concepts(parent)

@@ -95,7 +95,6 @@ def refuse(
   """The :class:`MatchError` for ``problems``: grouped by concept, with their choices."""
   by_name = {s.name: s for s in slots}
   singles: list[Problem] = []
-  out: list[Problem] = []
   for p in problems:
     if isinstance(p, Problem) and p.choices:  # choices its rule wrote out (a fused layout)
       choices = {
@@ -103,7 +102,7 @@ def refuse(
       }
       singles.append(Problem(p, p.targets, choices))
     else:
-      targets = [t for t in _heads(p) if t in by_name]
+      targets = [t for t in heads(p) if t in by_name]
       singles.append(
         Problem(p, targets, {t: _choices(by_name[t], ranked, source, ck) for t in targets})
       )
@@ -132,8 +131,8 @@ def _first_line(problem: str) -> str:
   return f"{first} (its choices: hints below)" if more else first
 
 
-def _heads(problem: str) -> list[str]:
-  """The target names a problem starts with (``a, b (shape): ...``)."""
+def heads(problem: str) -> list[str]:
+  """The target names a problem starts with (every problem starts ``a, b (shape): ...``)."""
   head = problem.split(":", 1)[0]
   return [part.split(" ")[0] for part in head.split(", ")]
 
@@ -193,7 +192,7 @@ def _cast(recipe: ops.Recipe, slot: Any, source: Any) -> ops.Recipe:
   want = np.dtype(slot.dtype)
   try:
     stored = inference.infer(recipe, source).dtype
-  except Exception:
+  except errors.RecipeError:  # shown as built: the hint's own check says why it cannot be
     return recipe
   return recipe if stored == want else ops.cast(recipe, want)
 
@@ -301,8 +300,8 @@ def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
   for p in problems:
     layers = len(p.targets) // max(1, len(p.choices))
     for key, choices in p.choices.items():
-      rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"\d+") + "$")
-      shape = next((tuple(by_name[t].shape) for t in p.targets if rx.match(t)), "")
+      fits = [key] if key in p.targets else [n for n, _ in hints_lib.layers_of(key, p.targets)]
+      shape = tuple(by_name[fits[0]].shape) if fits else ""
       first = str(p).split("\n", 1)[0]
       kind = next((w for w in ("ambiguous", "unmatched") if w in first), "refused")
       where = f", in {layers} layers" if "{i}" in key else ""
