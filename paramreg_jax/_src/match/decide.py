@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import fused
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match import refusal
-from paramreg_jax._src.match.candidates import IN_OUT_LEAVES
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
@@ -325,7 +325,7 @@ def _tie_head(
     return
   evidence_ = "config: tie_word_embeddings" if ck.facts.tied else "no head tensor"
   # a square head (vocab = hidden) named as an [in, out] kernel is the table transposed
-  in_out = slot.name.rpartition("/")[2] in IN_OUT_LEAVES and shape[0] == shape[-1]
+  in_out = axes.in_out_leaf(slot.name) and shape[0] == shape[-1]
   if shape == eshape and not in_out:
     why = f"tied to the embedding ({evidence_})"
     proposals[slot.name] = Proposal(slot.name, None, why, (), embed.name)

@@ -1,6 +1,7 @@
 """Evidence about the checkpoint beyond its names: what its ``config.json`` says (model type,
-head counts, tied embeddings, the layout of its fused tensors) and the orientation of its linear
-weights, read from its shapes. ``match`` changes a layout only when this evidence determines it.
+head counts, tied embeddings, the layout of its fused tensors), and the checkpoint as ``match``
+sees it (:class:`Checkpoint`). ``match`` changes a layout only when evidence determines it
+(the orientation and the stacking axis are read in ``axes``).
 """
 
 from __future__ import annotations
@@ -200,12 +201,18 @@ class Checkpoint:
   conflict: str | None = None  # the problem when the orientation evidence disagrees
   # what said the convention: "shapes" (the target's undecided linear weights), "config", None
   convention_by: str | None = None
+  # how the target's other non-square linear weights (not named ``kernel``/``w``: a ``weight``
+  # may be [out, in]) relate to their stored tensors by their shapes: "t", "same", "conflict"
+  other_relation: str | None = None
   # the orientation the name hints' own pairs show ("t", "same"; None if they show none or
   # disagree): a hint says which tensor a parameter is, so its non-square shape is evidence
   hinted_convention: str | None = None
   # how the target's decided non-square linear weights relate to their stored tensors ("t",
   # "same"; None if none or they disagree): what orients the square ones a config cannot
   decided_relation: str | None = None
+  # where the target's stacked leaves keep their layers: 0 (``nnx.scan``) or 1 (MaxText's
+  # ``param_scan_axis``); None when no leaf's sizes say it (then both are offered)
+  scan_axis: int | None = 0
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -216,8 +223,10 @@ class Checkpoint:
       self.convention,
       self.conflict,
       self.convention_by,
+      self.other_relation,
       self.hinted_convention,
       self.decided_relation,
+      self.scan_axis,
     )
 
   @functools.cached_property
@@ -227,6 +236,11 @@ class Checkpoint:
     for k, c in self.concepts.items():
       out.setdefault(c.indices, []).append(k)
     return out
+
+  @functools.cached_property
+  def tokens(self) -> frozenset[str]:
+    """Every concept some key has."""
+    return frozenset().union(*(c.tokens for c in self.concepts.values()))
 
   @functools.cached_property
   def templates(self) -> dict[tuple[frozenset[str], str], dict[tuple[int, ...], str]]:
@@ -288,16 +302,22 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
 
 _ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$")
 _PRE_FFN = "pre_feedforward_layernorm"
+_STACKS = frozenset({"encoder", "decoder"})  # which of a model's stacks, where it has two
 # a target's names, with ``_norm`` for ``_layernorm`` as the vocabulary folds them
 _POST_ATTN = re.compile(r"post_attention_(layer)?norm")
 _PRE_FFN_TARGET = re.compile(r"pre_feedforward_(layer)?norm")
 
 
-def target_concepts(name: str, slot_names: list[str], facts: Facts) -> Concepts:
+def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concepts:
   """A target parameter's concepts, with the role of a norm named as transformers names
   Gemma 2's: its ``post_attention_layernorm`` is the attention's post-norm where the
-  checkpoint's model type says so or the target has a ``pre_feedforward_layernorm`` too."""
+  checkpoint's model type says so or the target has a ``pre_feedforward_layernorm`` too.
+  A stack the checkpoint does not have (MaxText's ``decoder/`` over a decoder-only model)
+  says nothing."""
+  facts = ck.facts
   c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
+  if c.tokens & _STACKS - ck.tokens:
+    c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))
   if _POST_ATTN.search(name) and (
     facts.post_norms or any(_PRE_FFN_TARGET.search(n) for n in slot_names)
   ):
@@ -324,99 +344,3 @@ def linear_target(c: Concepts, shape: tuple[int, ...]) -> bool:
   stored ``A_log`` is not linear, and that is what orientation asks.)"""
   # a depthwise conv stored 2-D (Mamba's ``ssm_conv1d`` [channels, kernel]) multiplies nothing
   return c.kind == "w" and len(shape) == 2 and not c.tokens & {"embed", "norm", "relpos", "conv1d"}
-
-
-def linear_convention(
-  slots: list[Any], ck: Checkpoint, hinted: frozenset[str] = frozenset()
-) -> tuple[str | None, str | None, str | None]:
-  """The orientation of the checkpoint's linear weights, what said it, and a problem if the
-  evidence conflicts.
-
-  The config says it for a Hugging Face checkpoint; the non-square weights say it too (compared
-  with the target parameters of the same name): ``"t"`` if they are the transpose of the
-  target's (PyTorch ``[out, in]``), ``"same"`` if they match as stored (``Conv1D``). Only the
-  parameters still undecided vote: a hinted one (``hinted``) is the user's to lay out.
-  """
-  votes: dict[str, list[str]] = {"t": [], "same": []}
-  for slot in slots:
-    if slot.name in hinted:
-      continue
-    tc = concepts(slot.name)
-    shape, indices = tuple(slot.shape), tc.indices
-    if not indices and "layers" in tc.tokens and len(shape) == 3:
-      shape, indices = shape[1:], (0,)  # a stacked kernel: compare with layer 0
-    if not linear_target(tc, shape) or shape[0] == shape[1]:
-      continue
-    for k in ck.by_layer.get(indices, ()):
-      sc, sshape = ck.concepts[k], ck.shapes[k]
-      if not is_linear(sc, sshape) or sc.similarity(tc) < 0.75:
-        continue
-      if sshape == shape:
-        votes["same"].append(f"{k} {sshape} = {slot.name}")
-      elif sshape[::-1] == shape:
-        votes["t"].append(f"{k} {sshape} = transposed {slot.name}")
-  said = ck.facts.convention
-  shapes_say = [c for c in ("t", "same") if votes[c]]
-  if said and (not shapes_say or shapes_say == [said]):
-    return said, ("shapes" if shapes_say else "config"), None
-  if not said and len(shapes_say) <= 1:
-    return (shapes_say[0] if shapes_say else None), ("shapes" if shapes_say else None), None
-  against = votes["same" if said == "t" else "t"] if said else votes["same"]
-  problem = (
-    "the checkpoint's linear weights have no single orientation: "
-    + (f"its config.json ({ck.facts.model_type}) says {_ORIENT[said]}, but " if said else "")
-    + f"{'; '.join(against[:2])}"
-    + (f"; while {'; '.join(votes['t'][:2])}" if not said else "")
-    + ". No linear weight is assigned; check the target's kernel layouts, or pass hints"
-  )
-  return "conflict", "shapes", problem
-
-
-_ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
-
-
-def decided_relation(slots: list[Any], decided: dict[str, Any], ck: Checkpoint) -> str | None:
-  """How the target's non-square linear weights that evidence or a name hint decided relate
-  to their stored tensors, if they all agree: ``"t"`` (transposed) or ``"same"``. Only decided
-  leaves count, never candidates still open (nor a recipe given as a hint: it is the user's
-  to lay out)."""
-  said = set()
-  for slot in slots:
-    p = decided.get(slot.name)
-    if p is None or p.recipe is None or p.reason == "hint" or not p.keys:
-      continue
-    if len({ck.shapes.get(k) for k in p.keys}) != 1:
-      continue  # one tensor, or one per layer of one shape
-    tc = concepts(slot.name)
-    shape = tuple(slot.shape)
-    if len(shape) == 3 and not tc.indices and "layers" in tc.tokens:
-      shape = shape[1:]  # a stacked kernel: one layer's
-    stored = ck.shapes.get(p.keys[0])
-    if stored is None or len(shape) != 2 or shape[0] == shape[1] or not linear_target(tc, shape):
-      continue
-    if not is_linear(ck.concepts[p.keys[0]], stored):
-      continue
-    if stored == shape:
-      said.add("same")
-    elif stored[::-1] == shape:
-      said.add("t")
-  return said.pop() if len(said) == 1 else None
-
-
-def hinted_convention(slots: list[Any], ck: Checkpoint, named: dict[str, list[str]]) -> str | None:
-  """The orientation the name-hinted pairs show by their non-square shapes, if they agree."""
-  said = set()
-  for slot in slots:
-    keys = named.get(slot.name)
-    shape = tuple(slot.shape)[-2:]
-    if not keys or len(shape) < 2 or shape[0] == shape[1]:
-      continue
-    if not linear_target(concepts(slot.name), shape):
-      continue
-    for k in keys:
-      if is_linear(ck.concepts[k], ck.shapes[k]):
-        if ck.shapes[k] == shape:
-          said.add("same")
-        elif ck.shapes[k][::-1] == shape:
-          said.add("t")
-  return said.pop() if len(said) == 1 else None

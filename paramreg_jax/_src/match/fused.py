@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
 from paramreg_jax._src.match.candidates import FUSED_PARTS
@@ -35,14 +36,22 @@ class _Fused:
   present: tuple[str, ...]
   widths: tuple[int, ...]
   per_layer: dict[str, tuple[int, ...]]
+  out_first: bool  # the parts keep their output axes before their input ([out, in])
+  scan_axis: int = 0  # where a stacked target keeps its layers
+
+  def outs(self, name: str) -> tuple[int, ...]:
+    """A part's output axes (its heads and head size where the target splits them)."""
+    return _outs(self.per_layer[name], len(self.stored), self.out_first)
 
   def part(self, name: str, part: str, rows: list[int], layout: str) -> Proposal:
     """``name`` as ``part`` (``rows`` along the fused axis)."""
-    layers = _part_layers(rows, self.keys, self.axis, self.stored, self.per_layer[name])
+    layers = _part_layers(
+      rows, self.keys, self.axis, self.stored, self.per_layer[name], self.out_first
+    )
     how = "" if layout == "contiguous" else f" ({layout.replace('_', ' ')} layout)"
     reason = f"part of fused {self.keys[0]!r}{how}"
     if self.stacked:
-      recipe = ops.stack(layers, axis=0)
+      recipe = ops.stack(layers, axis=self.scan_axis)
       return Proposal(name, recipe, f"{reason}, stacked {len(self.keys)} layers", self.keys)
     return Proposal(name, layers[0], reason, self.keys)
 
@@ -68,26 +77,19 @@ def split(
   parts = FUSED_PARTS[fused]
   names.sort(key=lambda n: min(parts.index(t) for t in tokens[n] if t in parts))
   stored = ck.shapes[keys[0]]
-  per_layer = {n: shapes[n][1:] if stacked else shapes[n] for n in names}
-  # each part's width along the fused axis is its target's output size (a weight's last axes
-  # after [in]; an experts-stacked [E, out, in] keeps E in front)
-  lead = max(len(stored) - 1, 0)
-  widths = [math.prod(per_layer[n][lead:]) for n in names]
-  if axis == FUSED_AXIS_BY_WIDTHS:  # no convention known: the one axis the parts tile
-    fits = [a for a, size in enumerate(stored) if size == sum(widths)]
-    axis = fits[0] if len(fits) == 1 else 0
-  if sum(widths) != stored[axis]:
-    return (
-      f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but their widths {widths} sum "
-      f"to {sum(widths)}, not its axis {axis} ({stored[axis]}): a part is missing or misread"
-    )
+  at = ck.scan_axis or 0  # a stacked part is a candidate only where this is known
+  per_layer = {n: shapes[n][:at] + shapes[n][at + 1 :] if stacked else shapes[n] for n in names}
+  found = _geometry(names, per_layer, stored, axis, ck)
+  if isinstance(found, str):
+    return f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but {found}"
+  axis, widths, out_first = found
   present = tuple(p for n in names for p in parts if p in tokens[n])
-  f = _Fused(keys, axis, stored, stacked, tuple(names), present, tuple(widths), per_layer)
+  f = _Fused(keys, axis, stored, stacked, tuple(names), present, widths, per_layer, out_first, at)
   layout = evidence.layout_by_name(keys[0]) or (
     ck.facts.qkv_layout if fused == "qkv" else ck.facts.gate_up_layout
   )
   rows = (
-    evidence.part_rows(layout, present, widths, ck.facts)
+    evidence.part_rows(layout, present, list(widths), ck.facts)
     if layout and (layout == "contiguous" or present == parts)
     else None
   )
@@ -100,6 +102,63 @@ def split(
       p = dataclasses.replace(p, reason=f"{p.reason}, in order: the {roles[name]} of its siblings")
     proposals[name] = p
   return None
+
+
+def _outs(shape: tuple[int, ...], rank: int, out_first: bool) -> tuple[int, ...]:
+  """The output axes of a part of ``shape`` cut from a fused tensor of ``rank`` axes: after
+  its input (``[in, out...]``) or before it (``[out..., in]``); an experts-stacked
+  ``[E, out, in]`` keeps E in front."""
+  lead = max(rank - 1, 0)
+  if not lead:
+    return shape  # a bias: all output
+  return shape[lead - 1 : -1] if out_first else shape[lead:]
+
+
+def _geometry(
+  names: list[str],
+  per_layer: dict[str, tuple[int, ...]],
+  stored: tuple[int, ...],
+  axis: int,
+  ck: evidence.Checkpoint,
+) -> tuple[int, tuple[int, ...], bool] | str:
+  """``(fused axis, each part's width along it, whether the parts are [out, in])``, or why
+  not. A part's width is its output size; whether its output axes come first is what its
+  relation to the stored tensor (transposed or not: the orientation evidence) and the stored
+  layout say. A ``kernel`` is ``[in, out]``; a torch-style ``weight`` is whatever its relation
+  says; where nothing says it, each reading is tried and only one that tiles may stand."""
+  rank = len(stored)
+  relations = {axes.orientation(ck, n) for n in names}
+  flip = relations.pop() if len(relations) == 1 else None
+  readings: list[tuple[int, tuple[int, ...], bool]] = []
+  tried: list[tuple[tuple[int, ...], int]] = []
+  for out_first in (False, True):
+    if out_first and (rank == 1 or any(axes.in_out_leaf(n) for n in names)):
+      continue
+    widths = tuple(math.prod(_outs(per_layer[n], rank, out_first)) for n in names)
+    if rank == 1:
+      at = [0]
+    elif flip in ("t", "same"):  # the stored out axis follows from the part's orientation
+      at = [rank - 2 if out_first == (flip == "same") else rank - 1]
+    elif axis != FUSED_AXIS_BY_WIDTHS:  # the stored layout is known; the part's is not
+      at = [axis]
+    else:  # nothing known: the one axis the parts tile
+      at = [a for a, size in enumerate(stored) if size == sum(widths)][:1]
+    tried.append((widths, at[0] if at else axis))
+    if at and stored[at[0]] == sum(widths) and (axis == FUSED_AXIS_BY_WIDTHS or at[0] == axis):
+      readings.append((at[0], widths, out_first))
+  if len(readings) == 1:  # two readings transpose the parts differently: never a pick
+    return readings[0]
+  if not readings:
+    first, where = tried[0]
+    where = max(where, 0)
+    return (
+      f"their widths {list(first)} sum to {sum(first)}, not its axis {where} "
+      f"({stored[where]}): a part is missing or misread"
+    )
+  return (
+    "whether the parts are [in, out] or [out, in] is not known (both tile it, and no other "
+    "linear weight's shape says which); pass each part as a hint"
+  )
 
 
 def _undecided(
@@ -138,8 +197,7 @@ def _layout_choices(
 ) -> dict[str, tuple[Choice, ...]]:
   """Each part in each of ``layouts`` its widths fit (head counts from the config, or from
   the target's split heads); a part only its order guesses (gate or up) as either."""
-  lead = max(len(f.stored) - 1, 0)
-  outs = [f.per_layer[n][lead:] for n in f.names]
+  outs = [f.outs(n) for n in f.names]
   if not facts.heads and f.present == ("q", "k", "v") and all(len(o) == 2 for o in outs):
     facts = dataclasses.replace(facts, heads=outs[0][0], kv_heads=outs[1][0], head_dim=outs[0][1])
   out: dict[str, list[Choice]] = {n: [] for n in f.names}
@@ -169,25 +227,37 @@ def _layout_choices(
 
 
 def _part_layers(
-  picked: list[int], keys: tuple[str, ...], axis: int, stored: tuple[int, ...], shape: Any
+  picked: list[int],
+  keys: tuple[str, ...],
+  axis: int,
+  stored: tuple[int, ...],
+  shape: Any,
+  out_first: bool,
 ) -> list[ops.Recipe]:
   """One part (rows ``picked`` along ``axis``) of each fused tensor in ``keys``."""
   contiguous = picked == list(range(picked[0], picked[0] + len(picked)))
   selection: Any = (
     Range(axis, picked[0], picked[0] + len(picked)) if contiguous else Indices(axis, tuple(picked))
   )
-  return [_part(key, selection, stored, axis, len(picked), shape) for key in keys]
+  return [_part(key, selection, stored, axis, len(picked), shape, out_first) for key in keys]
 
 
 def _part(
-  key: str, selection: Any, stored: tuple[int, ...], axis: int, width: int, shape: Any
+  key: str,
+  selection: Any,
+  stored: tuple[int, ...],
+  axis: int,
+  width: int,
+  shape: Any,
+  out_first: bool,
 ) -> ops.Recipe:
-  """One part of the fused ``key``: its rows, ``[.., out, in]`` turned to ``[.., in, out]``,
-  heads split to the target's ``shape``."""
+  """One part of the fused ``key``: its rows, turned to the target's ``[.., in, out]`` (or
+  ``[.., out, in]``, ``out_first``), heads split to the target's ``shape``."""
   recipe: ops.Recipe = ops.source(key, selection)
   natural = list(stored)
   natural[axis] = width
-  if len(stored) >= 2 and axis == len(stored) - 2:
+  out_at = len(stored) - 2 if out_first else len(stored) - 1
+  if len(stored) >= 2 and axis != out_at:
     order = (*range(len(stored) - 2), len(stored) - 1, len(stored) - 2)
     recipe = ops.transpose(recipe, order)
     natural = [natural[i] for i in order]

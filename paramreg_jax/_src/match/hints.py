@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import candidates
@@ -174,12 +175,12 @@ def _misoriented(
   name: str, shape: tuple[int, ...], recipe: ops.Recipe, ck: evidence.Checkpoint
 ) -> str | None:
   """A hint that reads a linear weight against the orientation the evidence determines (a
-  forgotten transpose on a square kernel loads silently wrong). The evidence: the undecided
-  parameters' shapes, or the config for a flax ``kernel`` (always ``[in, out]``); a target that
-  keeps ``[out, in]`` (equinox, torch-style ``weight``) is the user's to say."""
-  if ck.convention not in ("t", "same") or not evidence.linear_target(concepts(name), shape[-2:]):
-    return None
-  if ck.convention_by != "shapes" and name.rsplit("/", 1)[-1] != "kernel":
+  forgotten transpose on a square kernel loads silently wrong). The evidence: the config or
+  the undecided ``[in, out]`` leaves' shapes for a ``kernel``/``w``; the other undecided
+  leaves' shapes for any other (a torch-style ``weight`` may be ``[out, in]``)."""
+  in_out = axes.in_out_leaf(name)
+  relation = ck.convention if in_out else ck.other_relation
+  if relation not in ("t", "same") or not evidence.linear_target(concepts(name), shape[-2:]):
     return None
   linear = [
     k
@@ -189,15 +190,26 @@ def _misoriented(
   if not linear:
     return None
   transposed = _has_transpose(recipe)
-  if transposed == (ck.convention == "t"):
+  if transposed == (relation == "t"):
     return None
-  stored = "[out, in]" if ck.convention == "t" else "[in, out]"
-  fix = "wrap it in R.transpose(..., (1, 0))" if ck.convention == "t" else "drop the transpose"
+  fix = "wrap it in R.transpose(..., (1, 0))" if relation == "t" else "drop the transpose"
   how = "transposed" if transposed else "as stored"
+  if in_out or ck.convention in ("t", "same"):
+    stored = "[out, in]" if ck.convention == "t" else "[in, out]"
+    flipped = "[in, out]" if ck.convention == "t" else "[out, in]"
+    mine = stored if relation == "same" else flipped
+    why = f"this checkpoint stores its linear weights {stored} and the parameter is {mine}"
+    if not in_out:
+      why += " (as the target's other linear weights' shapes show)"
+  else:
+    why = (
+      "the target's other linear weights are the stored ones "
+      + ("transposed" if relation == "t" else "as stored")
+      + " (their shapes say so)"
+    )
   return (
-    f"hint for {name!r}: {recipe} reads {linear[0]!r} {how}, but this checkpoint stores its "
-    f"linear weights {stored} and the parameter is [in, out]; {fix}, or give the checkpoint "
-    f"name as the hint ({{{name!r}: {linear[0]!r}}}) and match orients it"
+    f"hint for {name!r}: {recipe} reads {linear[0]!r} {how}, but {why}; {fix}, or give the "
+    f"checkpoint name as the hint ({{{name!r}: {linear[0]!r}}}) and match orients it"
   )
 
 

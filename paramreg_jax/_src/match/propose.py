@@ -8,6 +8,7 @@ from typing import Any
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
+from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
@@ -83,12 +84,13 @@ def match(
   _check_hints(hints)
   keys = list(source.keys())
   given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
-  ck = _read_checkpoint(slots, source, keys, config, frozenset(given))
+  per_layer = frozenset(n for n, h in given.items() if isinstance(h, str) and "{i}" in h)
+  ck = _read_checkpoint(slots, source, keys, config, frozenset(given), per_layer)
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
-  ck.hinted_convention = evidence.hinted_convention(slots, ck, name_hints)
+  ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
-  if problems and ck.convention_by == "config":  # what the decided weights say of the target
-    ck.decided_relation = evidence.decided_relation(slots, proposals, ck)
+  if problems and ck.other_relation is None:  # what the decided weights say of the others
+    ck.decided_relation = axes.decided_relation(slots, proposals, ck)
     if ck.decided_relation is not None:
       proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
@@ -163,7 +165,7 @@ def _decide(
     if slot.name in name_hints:
       ranked[slot.name] = hints_lib.candidates_of(slot, name_hints[slot.name], ck)
     elif slot.name not in proposals:
-      tc = evidence.target_concepts(slot.name, names, ck.facts)
+      tc = evidence.target_concepts(slot.name, names, ck)
       if slot.name in roles:  # Dense_0..3 of an attention over a fused qkv: q, k, v, o
         tc = dataclasses.replace(tc, tokens=tc.tokens | {roles[slot.name].rstrip("?")})
       ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), ck)
@@ -240,9 +242,11 @@ def _read_checkpoint(
   keys: list[str],
   config: Mapping[str, Any] | None,
   hinted: frozenset[str],
+  per_layer: frozenset[str] = frozenset(),
 ) -> evidence.Checkpoint:
   """Every key folded to concepts once, its shape, and the evidence (config, orientation;
-  the orientation from the parameters no hint names)."""
+  the orientation from the parameters no hint names; where the stacked leaves keep their
+  layers, from those named so and those a ``{i}`` hint stacks, ``per_layer``)."""
   if config is None:
     config = getattr(source, "config", None)
   if config is not None and not isinstance(config, Mapping):
@@ -256,5 +260,7 @@ def _read_checkpoint(
   ck = evidence.Checkpoint(
     folded, {k: source_lib.metadata_of(source, k).shape for k in keys}, facts
   )
-  ck.convention, ck.convention_by, ck.conflict = evidence.linear_convention(slots, ck, hinted)
+  ck.scan_axis = axes.scan_axis(slots, ck, per_layer)
+  orientation = axes.linear_convention(slots, ck, hinted)
+  ck.convention, ck.convention_by, ck.other_relation, ck.conflict = orientation
   return ck

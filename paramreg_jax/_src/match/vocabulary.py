@@ -24,7 +24,10 @@ _PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
   (("attention", "dense"), ("attn", "o")),  # GPT-NeoX, Falcon: attention.dense
   (("self_attention", "dense"), ("attn", "o")),
   (("self_attn", "dense"), ("attn", "o")),  # Persimmon
-  (("block_sparse_moe", "gate"), ("moe", "router")),  # Mixtral's router, not a gate projection
+  (
+    ("block_sparse_moe", "gate"),
+    ("moe", "mlp", "router"),
+  ),  # Mixtral's router, not a gate projection
   (("intermediate", "dense"), ("mlp", "up")),
   (("output", "dense"), ("mlp", "down")),
   (("output", "layernorm"), ("mlp", "norm")),
@@ -68,14 +71,20 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "ffn_out": ("mlp", "down"),
   "w_in": ("up", "w"),
   "w_out": ("down", "w"),
+  # t5x and MaxText: wi_0 is the activated (gate) input, wi_1 the linear one; wo (in an MLP,
+  # see _fold) its output
+  "wi_0": ("gate",),
+  "wi_1": ("up",),
+  "wi": ("up",),
   "b_in": ("up", "b"),
   "b_out": ("down", "b"),
   "b1": ("gate", "b"),
   "b2": ("down", "b"),
   "b3": ("up", "b"),
   **{w: ("gate_up",) for w in ("gate_up", "gate_up_proj")},
-  # mixture of experts
-  **{w: ("moe",) for w in ("moe", "block_sparse_moe", "sparse_moe", "switch_mlp")},
+  # mixture of experts: the block's MLP (MaxText's flax-named MoeBlock_0 too)
+  **{w: ("moe", "mlp") for w in ("moe", "block_sparse_moe", "sparse_moe", "switch_mlp")},
+  "moeblock": ("moe", "mlp"),
   **{w: ("experts",) for w in ("experts", "expert")},
   "norms": ("heads",),  # StableLM: q_layernorm.norms.{h}, one norm module per head
   **{w: ("router",) for w in ("router", "gating", "w_gate_router")},
@@ -112,6 +121,8 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "final_norm": ("final", "norm"),
   "final_layernorm": ("final", "norm"),
   "final_layer_norm": ("final", "norm"),
+  "decoder_norm": ("final", "norm"),  # t5x, MaxText: the stack's last norm
+  "encoder_norm": ("final", "norm"),
   # embeddings and heads
   **{
     w: ("embed",)
@@ -124,6 +135,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
       "tok_embeddings",
       "shared",
       "embed_in",
+      "embedder",  # MaxText: token_embedder
     )
   },
   **{
@@ -148,7 +160,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "ssm_a": ("ssm", "a", "log"),
   "ssm_out": ("ssm", "o"),
   "embed_out": ("head",),  # GPT-NeoX
-  **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed")},
+  **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed", "logits_dense")},
 }
 
 _SEPARATORS = re.compile(r"[./]")
@@ -226,12 +238,17 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
       i += 1
   tokens: list[str] = []
   for word in folded:
-    if word in _WORDS:
+    if word == "gate" and "moe" in tokens and "experts" not in tokens:
+      tokens.append("router")  # a mixture of experts' own gate (MaxText's MoeBlock_0/gate)
+    elif word in _WORDS:
       tokens.extend(_WORDS[word])
     elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
       tokens.append(word)
-    else:  # attn_out, type_embed, proj_0: fold each part
-      tokens.extend(t for sub in word.split("_") if sub for t in _WORDS.get(sub, (sub,)))
+    else:  # attn_out, type_embed, MoeBlock_0: fold each part (a flax module's number is none)
+      subs = (sub for sub in word.split("_") if sub and not sub.isdigit())
+      tokens.extend(t for sub in subs for t in _WORDS.get(sub, (sub,)))
+  if "o" in tokens and {"mlp", "moe"} & set(tokens) and "attn" not in tokens:
+    tokens = [("down" if t == "o" else t) for t in tokens]  # an MLP's output: mlp/wo, fc_out
   if "xattn" in tokens:  # cross_attn_norm: the cross-attention is not the self-attention
     tokens = [t for t in tokens if t != "attn"]
   kinds = [t for t in tokens if t in ("w", "b")]

@@ -1,0 +1,204 @@
+"""Where a target leaf keeps its axes, next to the stored tensor's: a linear weight ``[in,
+out]`` or ``[out, in]`` (its *orientation*: the transpose a candidate needs), and which axis a
+stacked leaf keeps its layers on. Read from the config and the target's own shapes, never
+guessed: a ``kernel`` is ``[in, out]`` (flax, haiku), anything else (a torch-style ``weight``,
+equinox's) is what its shapes say; a square one nothing orients is a question.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paramreg_jax._src.match.evidence import Checkpoint
+from paramreg_jax._src.match.evidence import is_linear
+from paramreg_jax._src.match.evidence import linear_target
+from paramreg_jax._src.match.vocabulary import Concepts
+from paramreg_jax._src.match.vocabulary import concepts
+
+
+def orientation(
+  ck: Checkpoint, target: str, hinted: bool = False, *, decided: bool = True
+) -> str | None:
+  """How a target leaf's linear weight relates to the stored one: ``"t"`` (transposed),
+  ``"same"``, ``"conflict"``, or None (unknown: only its shape can orient it, and a square one
+  is ambiguous, never guessed).
+
+  The checkpoint's layout (its config, or the non-square ``[in, out]`` leaves' shapes) orients
+  a leaf named as flax and haiku name an ``[in, out]`` weight (``kernel``, ``w``); any other
+  leaf (a ``weight`` may be ``[out, in]``) is oriented by the other non-square leaves' shapes,
+  else by those that evidence already decided (``decided``). A name hint's pairs say it for
+  the hinted leaves.
+  """
+  if hinted and ck.hinted_convention:
+    return ck.hinted_convention  # what the hinted pairs' own shapes show
+  if in_out_leaf(target):
+    return ck.convention
+  if ck.other_relation is not None:
+    return ck.other_relation
+  return ck.decided_relation if decided else None
+
+
+def linear_convention(
+  slots: list[Any], ck: Checkpoint, hinted: frozenset[str] = frozenset()
+) -> tuple[str | None, str | None, str | None, str | None]:
+  """How the checkpoint's linear weights relate to the target's: ``(stored, by, other,
+  problem)``.
+
+  ``stored`` is the checkpoint's own layout, as the relation to an ``[in, out]`` leaf (flax's
+  and haiku's ``kernel``/``w``): ``"t"`` (PyTorch ``[out, in]``) or ``"same"`` (``Conv1D``);
+  the config says it for a Hugging Face checkpoint, and those leaves' non-square shapes
+  (compared with the tensors of the same name) say it too (``by``: ``"config"``,
+  ``"shapes"``). ``other`` is the relation the rest of the target's non-square weights show
+  (a leaf named ``weight`` or ``wq`` may be ``[out, in]``: equinox's is), which no config can
+  say. ``problem`` if either's evidence disagrees. Only the parameters still undecided vote:
+  a hinted one (``hinted``) is the user's to lay out.
+  """
+  votes: dict[bool, dict[str, list[str]]] = {g: {"t": [], "same": []} for g in (True, False)}
+  for slot in slots:
+    if slot.name in hinted:
+      continue
+    tc = concepts(slot.name)
+    layer: tuple[int, ...] | None = tuple(slot.shape)
+    indices = tc.indices
+    if not indices and "layers" in tc.tokens and len(slot.shape) == 3:
+      layer, indices = one_layer(tuple(slot.shape), tc, ck), (0,)  # compare with layer 0
+    if layer is None or not linear_target(tc, layer) or layer[0] == layer[1]:
+      continue
+    shape = layer
+    group = votes[in_out_leaf(slot.name)]
+    for k in ck.by_layer.get(indices, ()):
+      sc, sshape = ck.concepts[k], ck.shapes[k]
+      if not is_linear(sc, sshape) or sc.similarity(tc) < 0.75:
+        continue
+      if sshape == shape:
+        group["same"].append(f"{k} {sshape} = {slot.name}")
+      elif sshape[::-1] == shape:
+        group["t"].append(f"{k} {sshape} = transposed {slot.name}")
+  stored, by, problem = _agreed(votes[True], ck.facts.convention, ck.facts.model_type)
+  other, _, other_problem = _agreed(votes[False], None, None)
+  return stored, by, other, problem or other_problem
+
+
+def scan_axis(
+  slots: list[Any], ck: Checkpoint, per_layer: frozenset[str] = frozenset()
+) -> int | None:
+  """Where the target's stacked leaves keep their layers: 0 (``nnx.scan``, ``nn.scan``'s
+  default) or 1 (MaxText's ``param_scan_axis``, experts in front), as every stacked leaf
+  (named ``layers``, or hinted one tensor per layer: ``per_layer``) whose sizes allow only one
+  reading says; None if none does or they disagree (both are then offered, and a leaf both
+  fit is a question, never a pick)."""
+  counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()}
+  votes = set()
+  for slot in slots:
+    tc, shape = concepts(slot.name), tuple(slot.shape)
+    stacked = slot.name in per_layer or (not tc.indices and "layers" in tc.tokens)
+    if not stacked or len(shape) < 2:
+      continue
+    fits = [a for a in (0, 1) if shape[a] in counts]
+    if len(fits) == 1:
+      votes.add(fits[0])
+  return votes.pop() if len(votes) == 1 else None
+
+
+def one_layer(shape: tuple[int, ...], tc: Concepts, ck: Checkpoint) -> tuple[int, ...] | None:
+  """One layer's shape of a stacked target leaf (``shape`` itself for any other), or None when
+  where its layers are is not known."""
+  if tc.indices or "layers" not in tc.tokens or len(shape) < 2:
+    return shape
+  if ck.scan_axis is None:
+    return None
+  return shape[: ck.scan_axis] + shape[ck.scan_axis + 1 :]
+
+
+def in_out_leaf(name: str) -> bool:
+  """Whether a target leaf's name says it is ``[in, out]`` (flax's ``kernel``, haiku's ``w``)."""
+  return name.rsplit("/", 1)[-1] in IN_OUT_LEAVES
+
+
+IN_OUT_LEAVES = frozenset({"kernel", "w"})  # flax's and haiku's [in, out] linear weights
+
+
+def _agreed(
+  votes: dict[str, list[str]], said: str | None, model_type: str | None
+) -> tuple[str | None, str | None, str | None]:
+  """``(relation, by, problem)`` from the shapes' votes and what the config ``said``."""
+  shapes_say = [c for c in ("t", "same") if votes[c]]
+  if said and (not shapes_say or shapes_say == [said]):
+    return said, ("shapes" if shapes_say else "config"), None
+  if not said and len(shapes_say) <= 1:
+    return (shapes_say[0] if shapes_say else None), ("shapes" if shapes_say else None), None
+  against = votes["same" if said == "t" else "t"] if said else votes["same"]
+  problem = (
+    "the checkpoint's linear weights have no single orientation: "
+    + (f"its config.json ({model_type}) says {_ORIENT[said]}, but " if said else "")
+    + f"{'; '.join(against[:2])}"
+    + (f"; while {'; '.join(votes['t'][:2])}" if not said else "")
+    + ". No linear weight is assigned; check the target's kernel layouts, or pass hints"
+  )
+  return "conflict", "shapes", problem
+
+
+_ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
+
+
+def decided_relation(slots: list[Any], decided: dict[str, Any], ck: Checkpoint) -> str | None:
+  """How the target's non-square linear weights that evidence or a name hint decided relate
+  to their stored tensors, if they all agree: ``"t"`` (transposed) or ``"same"``; what orients
+  the square ones no config can (those not named ``kernel``/``w``). Only decided leaves of
+  that kind count, never candidates still open (nor a recipe given as a hint: it is the
+  user's to lay out)."""
+  said = set()
+  for slot in slots:
+    if in_out_leaf(slot.name):
+      continue  # the checkpoint's own layout orients these
+    p = decided.get(slot.name)
+    if p is None or p.recipe is None or p.reason == "hint" or not p.keys:
+      continue
+    if len({ck.shapes.get(k) for k in p.keys}) != 1:
+      continue  # one tensor, or one per layer of one shape
+    tc = concepts(slot.name)
+    layer = tuple(slot.shape) if len(slot.shape) != 3 else one_layer(tuple(slot.shape), tc, ck)
+    if layer is None:
+      continue  # a stacked kernel whose layers' axis is not known
+    shape = layer
+    stored = ck.shapes.get(p.keys[0])
+    if (
+      stored is None
+      or shape is None
+      or len(shape) != 2
+      or shape[0] == shape[1]
+      or not linear_target(tc, shape)
+    ):
+      continue
+    if not is_linear(ck.concepts[p.keys[0]], stored):
+      continue
+    if stored == shape:
+      said.add("same")
+    elif stored[::-1] == shape:
+      said.add("t")
+  return said.pop() if len(said) == 1 else None
+
+
+def hinted_convention(slots: list[Any], ck: Checkpoint, named: dict[str, list[str]]) -> str | None:
+  """The orientation the name-hinted pairs show by their non-square shapes, if they agree."""
+  said = set()
+  for slot in slots:
+    keys = named.get(slot.name)
+    shape = tuple(slot.shape)
+    if keys and len(keys) > 1 and len(shape) >= 3:  # one tensor per layer, stacked
+      at = ck.scan_axis
+      if at is None or shape[at] != len(keys):
+        continue
+      shape = shape[:at] + shape[at + 1 :]
+    shape = shape[-2:]
+    if not keys or len(shape) < 2 or shape[0] == shape[1]:
+      continue
+    if not linear_target(concepts(slot.name), shape):
+      continue
+    for k in keys:
+      if is_linear(ck.concepts[k], ck.shapes[k]):
+        if ck.shapes[k] == shape:
+          said.add("same")
+        elif ck.shapes[k][::-1] == shape:
+          said.add("t")
+  return said.pop() if len(said) == 1 else None

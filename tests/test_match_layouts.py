@@ -1,0 +1,173 @@
+"""Layouts JAX code in the wild keeps its parameters in, beyond flax's own: torch-style
+``[out, in]`` ``weight`` leaves (equinox), and layers stacked on axis 1 with experts in front
+(MaxText's ``param_scan_axis``). The whole suite runs through both as ``hf.STYLES``
+(``equinox``, ``maxtext``); these pin what decides each, and that an unknown is a question.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax._src.match.vocabulary import concepts
+
+rng = np.random.default_rng(0)
+
+
+def _sds(*shape):
+  return jax.ShapeDtypeStruct(shape, np.float32)
+
+
+def _rand(*shape):
+  return rng.standard_normal(shape).astype(np.float32)
+
+
+def _rows(m):
+  return {t: r for t, r, _ in m.rows()}
+
+
+# --- orientation: a kernel is [in, out]; any other leaf is what its shapes say ----------------
+
+
+def test_torch_style_weights_beside_kernels_each_oriented_by_their_own_evidence():
+  """The config says the checkpoint is ``[out, in]``: a ``kernel`` is its transpose; a
+  ``weight`` whose shape equals the stored one is not (it was refused as "no single
+  orientation" when both were one vote)."""
+  ck = {
+    "model.layers.0.mlp.up_proj.weight": _rand(8, 4),
+    "model.layers.0.mlp.down_proj.weight": _rand(4, 8),
+    "model.layers.0.self_attn.q_proj.weight": _rand(4, 4),
+  }
+  target = {
+    "layers_0": {
+      "mlp": {"up": {"kernel": _sds(4, 8)}, "down": {"weight": _sds(4, 8)}},
+      "attn": {"q": {"weight": _sds(4, 4)}},  # square: oriented by the other weight's shape
+    }
+  }
+  m = prj.match(target, MemorySource(ck), config={"model_type": "llama"})
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]
+  np.testing.assert_array_equal(
+    got["mlp"]["up"]["kernel"], ck["model.layers.0.mlp.up_proj.weight"].T
+  )
+  np.testing.assert_array_equal(
+    got["mlp"]["down"]["weight"], ck["model.layers.0.mlp.down_proj.weight"]
+  )
+  np.testing.assert_array_equal(
+    got["attn"]["q"]["weight"], ck["model.layers.0.self_attn.q_proj.weight"]
+  )
+
+
+def test_a_square_weight_nothing_orients_is_asked_never_guessed():
+  ck = {"model.layers.0.self_attn.q_proj.weight": _rand(4, 4)}
+  target = {"layers_0": {"attn": {"q": {"weight": _sds(4, 4)}}}}
+  with pytest.raises(prj.MatchError, match=r"layers_0/attn/q/weight \(4, 4\)") as info:
+    prj.match(target, MemorySource(ck), config={"model_type": "llama"})
+  (problem,) = info.value.problems
+  hints = [c.hint for c in problem.choices["layers_0/attn/q/weight"]]
+  assert len(hints) == 2 and any("transpose" in str(h) for h in hints), hints
+
+
+def test_fused_parts_take_the_targets_orientation():
+  """GPT-2's ``c_attn`` is ``[in, 3 out]``: a torch-style ``[out, in]`` q/k/v takes its third
+  transposed, a flax kernel as stored. Splitting as if every target were ``[in, out]`` gave
+  the square attention's parts untransposed (forward off by 0.017, no error)."""
+  qkv = _rand(4, 12)
+  ck = {"h.0.attn.c_attn.weight": qkv, "h.0.mlp.c_fc.weight": _rand(4, 16)}
+  for leaf, up, want in (("weight", (16, 4), qkv[:, 4:8].T), ("kernel", (4, 16), qkv[:, 4:8])):
+    target = {
+      "h_0": {"attn": {n: {leaf: _sds(4, 4)} for n in "qkv"}, "mlp": {"up": {leaf: _sds(*up)}}}
+    }
+    m = prj.match(target, MemorySource(ck), config={"model_type": "gpt2"})
+    got = prj.restore(target, MemorySource(ck), recipes=m)
+    np.testing.assert_array_equal(got["h_0"]["attn"]["k"][leaf], want, err_msg=leaf)
+
+
+def test_fused_parts_of_unknown_orientation_are_refused():
+  """No config and no other weight: a square ``[out, in]`` or ``[in, out]`` part tiles the
+  fused tensor either way, so nothing is split."""
+  ck = {"h.0.attn.c_attn.weight": _rand(4, 12)}
+  target = {"h_0": {"attn": {n: {"weight": _sds(4, 4)} for n in "qkv"}}}
+  with pytest.raises(prj.MatchError, match=r"whether the parts are \[in, out\] or \[out, in\]"):
+    prj.match(target, MemorySource(ck))
+
+
+# --- where the layers are: axis 0, or axis 1 with experts first --------------------------------
+
+
+def _layers(n, *names, shape):
+  return {f"model.layers.{i}.{name}": _rand(*shape) for i in range(n) for name in names}
+
+
+def test_layers_on_axis_1_are_read_from_the_leaves_that_can_only_be_that():
+  ck = _layers(3, "mlp.up_proj.weight", shape=(8, 4)) | _layers(
+    3, "input_layernorm.weight", shape=(4,)
+  )
+  target = {
+    "layers": {"mlp": {"up": {"kernel": _sds(4, 3, 8)}}, "attn_norm": {"scale": _sds(4, 3)}}
+  }
+  m = prj.match(target, MemorySource(ck))
+  assert "stacked 3 layers on axis 1" in str(m)
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers"]
+  for i in range(3):
+    np.testing.assert_array_equal(
+      got["mlp"]["up"]["kernel"][:, i], ck[f"model.layers.{i}.mlp.up_proj.weight"].T
+    )
+    np.testing.assert_array_equal(
+      got["attn_norm"]["scale"][:, i], ck[f"model.layers.{i}.input_layernorm.weight"]
+    )
+
+
+def test_experts_in_front_of_the_layers():
+  ck = {
+    f"model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight": _rand(8, 4)
+    for i in range(2)
+    for e in range(3)
+  }
+  target = {"layers": {"moe": {"experts": {"gate": {"kernel": _sds(3, 2, 4, 8)}}}}}
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  kernel = got["layers"]["moe"]["experts"]["gate"]["kernel"]
+  np.testing.assert_array_equal(
+    kernel[2, 1], ck["model.layers.1.block_sparse_moe.experts.2.w1.weight"].T
+  )
+
+
+def test_a_stack_whose_sizes_allow_both_axes_is_a_question():
+  """Two layers of ``[2, 8]`` norms (per kv head): ``[2, 2, 8]`` is layers-first or
+  layers-second, and no other leaf says which: both are offered, none is picked."""
+  ck = _layers(2, "self_attn.k_norm.weight", shape=(2, 8))
+  target = {"layers": {"attn": {"k_norm": {"scale": _sds(2, 2, 8)}}}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  (problem,) = info.value.problems
+  codes = [c.code for c in problem.choices["layers/attn/k_norm/scale"]]
+  assert any("axis=0" in c for c in codes) and any("axis=1" in c for c in codes), codes
+  # one leaf that can only be layers-first settles it for the whole target
+  ck |= _layers(2, "input_layernorm.weight", shape=(8,))
+  target["layers"]["attn_norm"] = {"scale": _sds(2, 8)}
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  np.testing.assert_array_equal(
+    got["layers"]["attn"]["k_norm"]["scale"][1], ck["model.layers.1.self_attn.k_norm.weight"]
+  )
+
+
+# --- MaxText's and t5x's words ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "target, key",
+  [
+    ("decoder/layers_0/mlp/wi_0/kernel", "model.layers.0.mlp.gate_proj.weight"),
+    ("decoder/layers_0/mlp/wi_1/kernel", "model.layers.0.mlp.up_proj.weight"),
+    ("decoder/layers_0/mlp/wo/kernel", "model.layers.0.mlp.down_proj.weight"),
+    ("decoder/layers_0/MoeBlock_0/gate/kernel", "model.layers.0.block_sparse_moe.gate.weight"),
+    ("token_embedder/embedding", "model.embed_tokens.weight"),
+    ("decoder/decoder_norm/scale", "model.norm.weight"),
+    ("decoder/logits_dense/kernel", "lm_head.weight"),
+  ],
+)
+def test_maxtext_names_fold_to_the_checkpoints_concepts(target, key):
+  roles = {"gate", "up", "down", "o", "router", "embed", "final", "norm", "head", "experts"}
+  assert concepts(target).tokens & roles == concepts(key).tokens & roles, target
