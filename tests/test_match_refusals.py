@@ -93,11 +93,12 @@ def choose(target, src, truth, rename=lambda n: n, rounds=6):
   raise AssertionError(f"still refused after {rounds} rounds of choosing")
 
 
-def _case(name, config, tmp_path):
-  """A suite architecture's flax target, its source (``config``: with config.json beside it)
-  and the truth: ``match``'s proposals for the target with its own names and the config."""
+def _case(name, config, tmp_path, style_name="flax"):
+  """A suite architecture's target (flax's, or ``style_name``'s), its source (``config``: with
+  config.json beside it) and the truth: ``match``'s proposals for the target with its own
+  names and the config."""
   arch, sizes, cfg, ref = hf.case(name)
-  style = hf.STYLES["flax"]
+  style = hf.STYLES[style_name]
   shapes = hf.canonical_shapes(arch, sizes)
   if arch.head and not cfg.get("tie_word_embeddings", True):
     shapes = hf.with_head(shapes, arch, sizes)
@@ -152,6 +153,17 @@ def test_a_user_who_only_uncomments_lines_restores_every_refusal(name, variant, 
         back[f"{key}/m{j}/"] = f"{key}/{module}/"
   choices = _restores_as_pytorch(*model, target, src, truth, back)
   print(name, variant, "choices", choices)
+
+
+@pytest.mark.parametrize("style", ["equinox", "maxtext"])
+@pytest.mark.parametrize("name", CASES)
+def test_torch_style_and_axis_1_stacks_without_a_config_ask_with_the_truth(name, style, tmp_path):
+  """Without config.json nothing says a fused layout, a tied head, or (for equinox's
+  ``[out, in]`` weights) what a square weight is beside the rest: whatever is refused is asked
+  with the true tensor among the lines, and the chooser's restore equals PyTorch's forward."""
+  *model, target, src, truth = _case(name, False, tmp_path, style)
+  choices = _restores_as_pytorch(*model, target, src, truth, {})
+  print(name, style, "choices", choices)
 
 
 def _sds(shape, dtype=np.float32):

@@ -269,7 +269,7 @@ def _single(
     score = rest_t.similarity(Concepts("", sc.tokens - {fused}, (), ""))
     # the fused axis: out (``t``: [.., out, in]) or the last (``same``: [.., in, out])
     axis = len(sshape) - 1 if rank == 2 and convention == "same" else len(sshape) - rank
-    if rank == 2 and convention not in ("t", "same") and len(sshape) == 2:
+    if rank == 2 and convention not in ("t", "same"):
       axis = FUSED_AXIS_BY_WIDTHS  # the axis the parts' widths tile, found when they are known
     if rank == 1 or convention in ("t", "same") or axis == FUSED_AXIS_BY_WIDTHS:
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))

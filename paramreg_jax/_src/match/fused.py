@@ -196,34 +196,72 @@ def _layout_choices(
   f: _Fused, facts: evidence.Facts, roles: Mapping[str, str], layouts: tuple[str, ...]
 ) -> dict[str, tuple[Choice, ...]]:
   """Each part in each of ``layouts`` its widths fit (head counts from the config, or from
-  the target's split heads); a part only its order guesses (gate or up) as either."""
+  the target's split heads; where neither gives them, a per-head layout is offered for each
+  common head size that divides the parts, said on its line); a part only its order guesses
+  (gate or up) as either."""
   outs = [f.outs(n) for n in f.names]
-  if not facts.heads and f.present == ("q", "k", "v") and all(len(o) == 2 for o in outs):
-    facts = dataclasses.replace(facts, heads=outs[0][0], kv_heads=outs[1][0], head_dim=outs[0][1])
+  heads = [(facts, "")]
+  if not facts.heads and f.present == ("q", "k", "v"):
+    if all(len(o) == 2 for o in outs):
+      heads = [
+        (dataclasses.replace(facts, heads=outs[0][0], kv_heads=outs[1][0], head_dim=outs[0][1]), "")
+      ]
+    else:
+      heads += [
+        (
+          dataclasses.replace(facts, heads=f.widths[0] // d, kv_heads=f.widths[1] // d, head_dim=d),
+          f", {_heads(f.widths[0] // d)} of {d}",
+        )
+        for d in _HEAD_SIZES
+        if not any(w % d for w in f.widths) and f.widths[0] // d <= _MAX_HEADS
+      ]
   out: dict[str, list[Choice]] = {n: [] for n in f.names}
   for layout in layouts:
-    rows = evidence.part_rows(layout, f.present, list(f.widths), facts)
-    if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
-      continue
-    if sorted(i for r in rows.values() for i in r) != list(range(f.stored[f.axis])):
-      continue  # the parts must tile the fused axis in this layout
-    said = evidence.LAYOUTS[layout]
-    if len(f.present) == 2:
-      said = f"[{' | '.join(f.present)}] one after the other"
-    for name, own in zip(f.names, f.present):
-      either = roles.get(name, "").endswith("?")
-      for part in f.present if either else (own,):
-        if f.per_layer[f.names[f.present.index(part)]] != f.per_layer[name]:
-          continue
-        p = f.part(name, part, rows[part], layout)
-        same = [j for j, c in enumerate(out[name]) if c.hint == p.recipe]
-        if same:  # two layouts that agree here (grouped with one q head per group is per head)
-          c = out[name][same[0]]
-          out[name][same[0]] = dataclasses.replace(c, reason=f"{c.reason}, or {said}")
-        else:
-          why = f"the {part} part, " if either else ""
-          out[name].append(Choice(p.recipe, code(p.recipe), f"{why}if laid out {said}", None))  # type: ignore[arg-type]
+    for known, said_heads in heads if layout != "contiguous" else heads[:1]:
+      rows = evidence.part_rows(layout, f.present, list(f.widths), known)
+      if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
+        continue
+      if sorted(i for r in rows.values() for i in r) != list(range(f.stored[f.axis])):
+        continue  # the parts must tile the fused axis in this layout
+      said = evidence.LAYOUTS[layout] + (said_heads if layout in ("per_head", "grouped") else "")
+      if len(f.present) == 2:
+        said = f"[{' | '.join(f.present)}] one after the other"
+      _offer(f, roles, layout, rows, said, out)
   return {n: tuple(c) for n, c in out.items()}
+
+
+def _heads(n: int) -> str:
+  return f"{n} head" + ("s" if n != 1 else "")
+
+
+# head sizes models use, for a per-head layout when nothing gives the head count
+_HEAD_SIZES = (8, 16, 32, 64, 80, 96, 128, 256)
+_MAX_HEADS = 128
+
+
+def _offer(
+  f: _Fused,
+  roles: Mapping[str, str],
+  layout: str,
+  rows: dict[str, list[int]],
+  said: str,
+  out: dict[str, list[Choice]],
+) -> None:
+  """Each part's choice in one layout, merged into a line that gives the same recipe."""
+  for name, own in zip(f.names, f.present):
+    either = roles.get(name, "").endswith("?")
+    for part in f.present if either else (own,):
+      if f.per_layer[f.names[f.present.index(part)]] != f.per_layer[name]:
+        continue
+      p = f.part(name, part, rows[part], layout)
+      same = [j for j, c in enumerate(out[name]) if c.hint == p.recipe]
+      if same:  # two layouts that agree here (grouped with one q head per group is per head)
+        c = out[name][same[0]]
+        if said not in c.reason:
+          out[name][same[0]] = dataclasses.replace(c, reason=f"{c.reason}, or {said}")
+      else:
+        why = f"the {part} part, " if either else ""
+        out[name].append(Choice(p.recipe, code(p.recipe), f"{why}if laid out {said}", None))  # type: ignore[arg-type]
 
 
 def _part_layers(
