@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 from collections.abc import Mapping
 
+from paramreg_jax._src.match import vocabulary
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 
@@ -70,13 +71,18 @@ def modules(keys: Iterable[str]) -> frozenset[str]:
 
 def template(name: str) -> str:
   """A name with its layer and expert numbers as ``#`` (``layers/3``, ``layers_3``,
-  ``experts.7``; not the ``1`` of ``conv1`` or ``norm_1``)."""
+  ``experts.7``; not the ``1`` of ``conv1`` or ``norm_1``, nor a sequential's module number
+  after the layer's: ``h_0/2/scale`` is ``h_#/2/scale``)."""
   parts = _PARTS.split(name)
+  seen, previous = False, ""
   for i, part in enumerate(parts):
-    if part.isdigit():
-      parts[i] = "#"
+    if part in "./":
+      continue
+    if part.isdigit() and (not seen or vocabulary.numbers_items(previous)):
+      parts[i], seen = "#", True
     elif "_" in part and (m := _CONTAINER.match(part)):
-      parts[i] = m.group(1) + "#"
+      parts[i], seen = m.group(1) + "#", True
+    previous = part
   return "".join(parts)
 
 

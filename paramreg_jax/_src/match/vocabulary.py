@@ -164,6 +164,15 @@ _WORDS: dict[str, tuple[str, ...]] = {
 }
 
 _SEPARATORS = re.compile(r"[./]")
+_NUMBERS_ITEMS = frozenset({"layers", "experts", "heads"})  # a word whose next number indexes
+
+
+def numbers_items(word: str) -> bool:
+  """Whether the number after ``word`` indexes layers, experts or heads (``experts.3``,
+  ``blocks/1``), not a sequential's module (``mlp/0``)."""
+  return bool(_NUMBERS_ITEMS & set(_WORDS.get(word.lower(), ())))
+
+
 _CONTAINER_INDEX = re.compile(r"^(layers|layer|h|block|blocks)_(\d+)$")  # linen: layers_3
 
 
@@ -208,7 +217,10 @@ def _words(
       parts.append(m.group(1))
       where.append((n, 2))
     elif word == "#":
-      where.append((n, None))
+      # the first number is a layer's; a later one only after a word that numbers its items
+      # (``experts.3``, ``norms.2``, ``blocks.1``): ``mlp/0`` is a sequential's first module
+      if not where or (n and numbers_items(shape[n - 1])):
+        where.append((n, None))
     elif word:
       parts.append(word)
   tokens, kind, bare = _fold(tuple(parts), bool(where))
