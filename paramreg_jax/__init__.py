@@ -22,6 +22,8 @@ from paramreg_jax._src.export import ExportPlan
 from paramreg_jax._src.export import convert
 from paramreg_jax._src.export import export
 from paramreg_jax._src.export import plan_export
+from paramreg_jax._src.load import Loaded
+from paramreg_jax._src.load import load
 from paramreg_jax._src.match import Match
 from paramreg_jax._src.match import match
 from paramreg_jax._src.optim.debias import DebiasAddedState
@@ -56,6 +58,7 @@ from paramreg_jax._src.restore.plan import RestorePlan
 from paramreg_jax._src.restore.planning import plan_restore
 from paramreg_jax._src.sources.gguf import GGUFSource
 from paramreg_jax._src.sources.memory import MemorySource
+from paramreg_jax._src.sources.opening import open_source
 from paramreg_jax._src.sources.orbax import OrbaxSource
 from paramreg_jax._src.sources.safetensors import SafetensorsSource
 from paramreg_jax._src.sources.selection import Full
@@ -95,6 +98,7 @@ __all__ = (
   "GGUFSource",
   "Indices",
   "JaxBackend",
+  "Loaded",
   "Match",
   "MatchError",
   "Materialization",
@@ -124,10 +128,12 @@ __all__ = (
   "keyed",
   "label_by_pattern",
   "layer_map",
+  "load",
   "mask_by_pattern",
   "match",
   "materialize",
   "name_to_path",
+  "open_source",
   "param_state",
   "path_to_name",
   "plan_export",

@@ -27,6 +27,7 @@ LAYERS = [
   {"restore"},
   {"match"},
   {"export"},
+  {"load"},  # open, match, restore in one call
   {"demo", "cli"},
 ]
 

@@ -16,38 +16,10 @@ from paramreg_jax._src.cli.output import problems
 
 
 def open_source(path: str, *, step: int | None = None, item: str | None = None) -> Any:
-  """A source for ``path``: safetensors (file, directory, index) or orbax (anything else)."""
-  from paramreg_jax._src.sources import remote
-  from paramreg_jax._src.sources import stores
-  from paramreg_jax._src.sources.orbax import OrbaxSource
-  from paramreg_jax._src.sources.safetensors import SafetensorsSource
+  """A source for ``path``, by what it is (:func:`paramreg_jax.open_source`)."""
+  from paramreg_jax._src.sources.opening import open_source as open_
 
-  if stores.is_url(path):  # safetensors at a URL; an orbax checkpoint on gs:// or s3://
-    orbax_store = path.split("://", 1)[0] in ("gs", "s3") and not path.endswith(
-      (".safetensors", ".json")
-    )
-    if orbax_store and not remote.RemoteFolder(path, options=None, retries=3, timeout=30.0).exists(
-      "model.safetensors.index.json"
-    ):
-      return OrbaxSource(path, step=step, item=item)
-    return SafetensorsSource(path)
-  p = pathlib.Path(path)
-  if not p.exists():
-    raise errors.MissingShardError(f"{path}: no such file or directory")
-  safetensors = (
-    p.is_file() and (p.suffix == ".safetensors" or p.name.endswith(".index.json"))
-  ) or (
-    p.is_dir() and (any(p.glob("*.safetensors")) or (p / "model.safetensors.index.json").exists())
-  )
-  if not safetensors:
-    return OrbaxSource(p, step=step, item=item)
-  given = [flag for flag, value in (("--step", step), ("--item", item)) if value is not None]
-  if given:
-    raise errors.StoreError(
-      f"{' and '.join(given)} select a step/item of an orbax CheckpointManager, but {path} is a "
-      "safetensors checkpoint; drop them"
-    )
-  return SafetensorsSource(p)
+  return open_(path, step=step, item=item)
 
 
 def _human(n: float) -> str:
