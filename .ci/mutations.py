@@ -213,6 +213,34 @@ MUTATIONS = (
     "        if True and (\n",
     ("tests/test_match_refusals.py", "-k", "rivals"),
   ),
+  Mutation(
+    "axes: every leaf oriented by the config, as if [in, out]",
+    "paramreg_jax/_src/match/axes.py",
+    "  if in_out_leaf(target):\n",
+    "  if True:\n",
+    ("tests/test_match_layouts.py", "-k", "torch_style"),
+  ),
+  Mutation(
+    "fused: every part cut as if [in, out]",
+    "paramreg_jax/_src/match/fused.py",
+    "  out_at = len(stored) - 2 if out_first else len(stored) - 1\n",
+    "  out_at = len(stored) - 1\n",
+    ("tests/test_match_layouts.py", "-k", "fused_parts_take"),
+  ),
+  Mutation(
+    "stacking: a leaf both axes fit stacked on axis 0 by guess",
+    "paramreg_jax/_src/match/candidates.py",
+    "  at = (0, 1) if scan_axis is None else (scan_axis,)\n",
+    "  at = (0,) if scan_axis is None else (scan_axis,)\n",
+    ("tests/test_match_layouts.py", "-k", "both_axes"),
+  ),
+  Mutation(
+    "vocabulary: every number in a name a layer index",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "      if not where or (n and numbers_items(shape[n - 1])):\n",
+    "      if True:\n",
+    ("tests/test_match_refusals.py", "-k", "numbered_modules"),
+  ),
 )
 
 
