@@ -59,6 +59,24 @@ nb_execution_raise_on_error = True
 nb_execution_timeout = 300
 nb_execution_in_temp = True
 
+
+def _quiet_kernel() -> None:
+  """This interpreter's kernel, logging errors only: the build executes each page over a
+  loopback TCP kernel, and ipykernel warns of that once per page ("running over TCP without
+  encryption"), 18 lines that say nothing about the pages. Found first on ``JUPYTER_PATH``."""
+  import json
+
+  spec = ROOT / "docs" / "_build" / "jupyter" / "kernels" / "python3"
+  spec.mkdir(parents=True, exist_ok=True)
+  argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+  kernel = {"argv": [*argv, "--IPKernelApp.log_level=ERROR"], "language": "python"}
+  (spec / "kernel.json").write_text(json.dumps({**kernel, "display_name": "Python 3"}))
+  paths = [str(spec.parent.parent), os.environ.get("JUPYTER_PATH", "")]
+  os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, paths))
+
+
+_quiet_kernel()
+
 autosummary_generate = True
 autosummary_imported_members = True
 autodoc_default_options = {"members": True, "show-inheritance": True}
