@@ -166,7 +166,7 @@ MUTATIONS = (
   ),
   Mutation(
     "match: the config orients every square weight",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/axes.py",
     "  return ck.decided_relation if decided else None\n",
     "  return ck.convention\n",
     ("tests/test_match_architectures.py", "-k", "out_first or settle_names"),
