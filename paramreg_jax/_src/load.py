@@ -112,9 +112,8 @@ def load(
   if opened:
     source = open_source(where, step=step, item=item, options=source_options)  # type: ignore[arg-type]
   else:
-    given = [
-      n for n, v in (("step", step), ("item", item), ("source_options", source_options)) if v
-    ]
+    pairs = (("step", step), ("item", item), ("source_options", source_options))
+    given = [n for n, v in pairs if v is not None]
     if given:
       raise TypeError(
         f"load: {', '.join(given)} open a checkpoint at a path; {where!r} is a source already "
