@@ -13,13 +13,7 @@ from typing import Any
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.cli.output import problems
-
-
-def open_source(path: str, *, step: int | None = None, item: str | None = None) -> Any:
-  """A source for ``path``, by what it is (:func:`paramreg_jax.open_source`)."""
-  from paramreg_jax._src.sources.opening import open_source as open_
-
-  return open_(path, step=step, item=item)
+from paramreg_jax._src.sources.opening import open_source
 
 
 def _human(n: float) -> str:

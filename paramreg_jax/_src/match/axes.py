@@ -58,13 +58,12 @@ def linear_convention(
     if slot.name in hinted:
       continue
     tc = concepts(slot.name)
-    layer: tuple[int, ...] | None = tuple(slot.shape)
+    shape: tuple[int, ...] | None = tuple(slot.shape)
     indices = tc.indices
     if not indices and "layers" in tc.tokens and len(slot.shape) == 3:
-      layer, indices = one_layer(tuple(slot.shape), tc, ck), (0,)  # compare with layer 0
-    if layer is None or not linear_target(tc, layer) or layer[0] == layer[1]:
+      shape, indices = one_layer(tuple(slot.shape), tc, ck), (0,)  # compare with layer 0
+    if shape is None or not linear_target(tc, shape) or shape[0] == shape[1]:
       continue
-    shape = layer
     group = votes[in_out_leaf(slot.name)]
     for k in ck.by_layer.get(indices, ()):
       sc, sshape = ck.concepts[k], ck.shapes[k]
@@ -157,18 +156,11 @@ def decided_relation(slots: list[Any], decided: dict[str, Any], ck: Checkpoint) 
     if len({ck.shapes.get(k) for k in p.keys}) != 1:
       continue  # one tensor, or one per layer of one shape
     tc = concepts(slot.name)
-    layer = tuple(slot.shape) if len(slot.shape) != 3 else one_layer(tuple(slot.shape), tc, ck)
-    if layer is None:
+    shape = tuple(slot.shape) if len(slot.shape) != 3 else one_layer(tuple(slot.shape), tc, ck)
+    if shape is None:
       continue  # a stacked kernel whose layers' axis is not known
-    shape = layer
     stored = ck.shapes.get(p.keys[0])
-    if (
-      stored is None
-      or shape is None
-      or len(shape) != 2
-      or shape[0] == shape[1]
-      or not linear_target(tc, shape)
-    ):
+    if stored is None or len(shape) != 2 or shape[0] == shape[1] or not linear_target(tc, shape):
       continue
     if not is_linear(ck.concepts[p.keys[0]], stored):
       continue

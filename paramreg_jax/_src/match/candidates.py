@@ -330,15 +330,13 @@ def _stacked(
       named = set(levels) - {"heads"} - ({"experts"} if "moe" in tc.tokens else set())
       if not hinted and not (named <= tc.tokens and set(levels) <= tokens):
         continue
+      entries = {
+        idx[n:]: k for idx, k in by_index.items() if idx[:n] == tc.indices and len(idx) == n + depth
+      }
       # a leaf not named as stacked (a hint's) is stacked on axis 1 only where the target says
       scan = ck.scan_axis if ck.scan_axis is not None or "layers" in tc.tokens else 0
       for axes in _placements(levels, scan, depth):
         grid = list(itertools.product(*(range(shape[a]) for a in axes)))
-        entries = {
-          idx[n:]: k
-          for idx, k in by_index.items()
-          if idx[:n] == tc.indices and len(idx) == n + depth
-        }
         if sorted(entries) != grid:
           continue
         keys = [entries[ix] for ix in grid]

@@ -179,7 +179,7 @@ def _misoriented(
   the undecided ``[in, out]`` leaves' shapes for a ``kernel``/``w``; the other undecided
   leaves' shapes for any other (a torch-style ``weight`` may be ``[out, in]``)."""
   in_out = axes.in_out_leaf(name)
-  relation = ck.convention if in_out else ck.other_relation
+  relation = axes.orientation(ck, name, decided=False)
   if relation not in ("t", "same") or not evidence.linear_target(concepts(name), shape[-2:]):
     return None
   linear = [
