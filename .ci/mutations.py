@@ -200,6 +200,20 @@ MUTATIONS = (
     ("tests/test_match_refusals.py", "-k", "out_of_order"),
   ),
   Mutation(
+    "closure: a tensor left over in the block does not stop it",
+    "paramreg_jax/_src/match/closure.py",
+    "if not left or len(left) != len(free) or",
+    "if not left or",
+    ("tests/test_match_closure.py", "-k", "left_over"),
+  ),
+  Mutation(
+    "closure: decided in a block where a hint decided a leaf",
+    "paramreg_jax/_src/match/closure.py",
+    "    if block in hinted:\n",
+    "    if False:\n",
+    ("tests/test_match_closure.py", "-k", "after_a_hint"),
+  ),
+  Mutation(
     "refusal: a checkpoint name offered where it does not say the layout",
     "paramreg_jax/_src/match/refusal.py",
     "    if name is not None and _names_only(name, c, slot, ck):\n",

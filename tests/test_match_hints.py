@@ -224,14 +224,20 @@ def test_an_ssm_state_parameter_is_not_a_linear_weight():
 
 def test_one_template_hint_serves_every_per_layer_module():
   arch, sizes, ref, style, shapes, target, src = setup("llama", "flax")
-  for i in range(sizes.layers):
+  for i in range(sizes.layers):  # both norms renamed: nothing tells them apart
     target[f"layers_{i}"]["pre_a"] = target[f"layers_{i}"].pop("attention_norm")
+    target[f"layers_{i}"]["pre_c"] = target[f"layers_{i}"].pop("mlp_norm")
   with pytest.raises(prj.MatchError, match=r"layers_\{i\}/pre_a/scale \(32,\), in 2 layers"):
     prj.match(target, src)
-  m = prj.match(target, src, hints={"layers_{i}/pre_a/scale": "model.layers.{i}.input_layernorm"})
+  hints = {
+    "layers_{i}/pre_a/scale": "model.layers.{i}.input_layernorm",
+    "layers_{i}/pre_c/scale": "post_attention_layernorm",
+  }
+  m = prj.match(target, src, hints=hints)
   restored = prj.restore(target, src, recipes=m)
   for i in range(sizes.layers):
     restored[f"layers_{i}"]["attention_norm"] = restored[f"layers_{i}"].pop("pre_a")
+    restored[f"layers_{i}"]["mlp_norm"] = restored[f"layers_{i}"].pop("pre_c")
   forward_matches(arch, sizes, ref, style, shapes, restored)
   with pytest.raises(prj.MatchError, match=r"'layers_\{i\}/pre_b/scale' \(no target name fits"):
     prj.match(target, src, hints={"layers_{i}/pre_b/scale": "input_layernorm"})

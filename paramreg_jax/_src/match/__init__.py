@@ -20,7 +20,9 @@ the concept (data flows down the list):
    from one checkpoint module) or the other layers (a choice holds in every layer) single it
    out; a fused tensor is split only in a layout known for that checkpoint; a head is tied
    only on evidence; conflicting evidence refuses, listing every candidate, never a pick.
-   ``fused`` splits a fused tensor only in its known layout.
+   ``fused`` splits a fused tensor only in its known layout; ``order`` pairs numbered
+   siblings in call order; ``closure`` pairs the last leaves of a layer with its last
+   tensors where only one pairing exists.
 5. ``report``: the :class:`Match` (a ``RecipeSet``): table, HTML, facts, ``to_python``;
    ``refusal``: what was not decided, one question per concept, as a ``hints = {...}``
    literal to uncomment and as data on the ``MatchError``.

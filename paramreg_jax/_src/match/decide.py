@@ -5,12 +5,14 @@ a head is tied to the embedding only on evidence."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src.match import axes
+from paramreg_jax._src.match import closure
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import fused
@@ -42,7 +44,12 @@ def choose(
   candidates a hint named (any score counts); ``roles``: the part (q, k, v, o) each numbered
   sibling's order says it is (``order.fused_roles``)."""
   picked, open_ = _best(slots, ranked, proposals, hinted, ck)
-  _settle(picked, open_, proposals, ck)
+  blocks = {s.name: concepts(s.name).indices for s in slots}
+  by_hint = {*hinted, *(n for n, p in proposals.items() if p.reason == "hint")}
+  closing = functools.partial(
+    closure.settle, blocks=blocks, ck=ck, hinted={blocks[n] for n in by_hint if n in blocks}
+  )
+  _settle(picked, open_, proposals, ck, closing, _Contests(picked, open_, hinted, ranked))
   problems = _conflicts(picked, proposals, hinted)
   problems.update(
     {
@@ -130,21 +137,51 @@ def _decided(picked: dict[str, Candidate], proposals: dict[str, Proposal]) -> di
   return out
 
 
+class _Contests:
+  """Picks that another pick claims too: made open again (each with every candidate) so that
+  stronger evidence may settle them, and put back if nothing does (then refused at
+  publication as claimed twice)."""
+
+  def __init__(self, picked, open_, hinted, ranked):
+    self.picked, self.open_, self.hinted, self.ranked = picked, open_, hinted, ranked
+    self.first: dict[str, Candidate] = {}
+
+  def reopen(self) -> None:
+    owners: dict[Any, list[str]] = {}
+    for name, cand in self.picked.items():
+      if cand.fused is None and name not in self.hinted:
+        for k in cand.claimed:
+          owners.setdefault(k, []).append(name)
+    for name in {n for ns in owners.values() if len(ns) > 1 for n in ns}:
+      self.first.setdefault(name, self.picked.pop(name))
+      self.open_[name] = distinct(self.ranked.get(name, []))
+
+  def restore(self) -> None:
+    for name, cand in self.first.items():
+      if name in self.open_:
+        del self.open_[name]
+        self.picked[name] = cand
+
+
 def _settle(
   picked: dict[str, Candidate],
   open_: dict[str, list[Candidate]],
   proposals: dict[str, Proposal],
   ck: evidence.Checkpoint,
+  closing: Any,
+  contests: _Contests,
 ) -> None:
-  """Open targets that decided siblings (same module), other layers or their numbered
-  siblings' order single out, among all of their own candidates: that evidence outranks a
-  tie (or a miss) by name."""
+  """Open targets that decided siblings (same module), other layers, their numbered
+  siblings' order or, last, closure inside their layer single out, among all of their own
+  candidates: that evidence outranks a tie (or a miss) by name."""
   rules = (
     ("module of ", coherence.settle_by_module),
     ("as in ", coherence.settle_by_layer),
     ("", lambda open_, decided: order.settle(open_, decided, ck, _top)),
+    ("closure: ", closing),
   )
-  for _ in range(6):
+  for _ in range(12):
+    contests.reopen()
     settled = {}
     for how, rule in rules:
       for name, (cand, by) in rule(open_, _decided(picked, proposals)).items():
@@ -152,10 +189,11 @@ def _settle(
       if settled:
         break
     if not settled:
-      return
+      break
     for name, cand in settled.items():
       picked[name] = cand
       del open_[name]
+  contests.restore()
 
 
 def _conflicts(

@@ -1,0 +1,140 @@
+"""Closure inside an aligned block: the last leaves of a layer take the last tensors they fit.
+
+A target's layer ``i`` and the checkpoint's layer ``i`` are one block: their numbers align
+them. When evidence (names, config, siblings, order) has decided every other leaf of that
+block, what is left of the target's block and what is left of the checkpoint's are the same
+parameters. If they are as many, every leaf left fits at least one tensor left (shape and
+layout), and the pairing by shape is forced, each forced pair is taken, reported as closure.
+
+It decides only then, and nothing else:
+
+- never in a block where a hint decided a leaf (the user's word is not evidence about the
+  rest), never outside a numbered block (the top level aligns with nothing);
+- only a pair every perfect pairing of the block makes: a leaf that fits one tensor left, or
+  a tensor left that one leaf fits; two leaves that fit the same two tensors (two norms of one
+  width, gate and up) stay open and are asked;
+- only a pair of one layout (a square weight that fits as stored and transposed is asked);
+- not at all where no perfect pairing exists (a leaf with nothing left to take, a tensor
+  nothing fits): the block does not correspond, and closure would only be elimination.
+
+Examples:
+  >>> import jax, numpy as np
+  >>> import paramreg_jax as prj
+  >>> ck = {"h.0.norm.weight": np.ones(4, np.float32), "h.0.norm.bias": np.zeros(4, np.float32),
+  ...       "h.0.fc1.weight": np.ones((8, 4), np.float32),
+  ...       "h.0.fc1.bias": np.zeros(8, np.float32),
+  ...       "h.0.fc2.weight": np.ones((4, 8), np.float32),
+  ...       "h.0.fc2.bias": np.zeros(4, np.float32)}
+  >>> sds = lambda *s: jax.ShapeDtypeStruct(s, np.float32)
+  >>> target = {"h_0": {"LayerNorm_0": {"scale": sds(4), "bias": sds(4)},
+  ...                   "Dense_0": {"kernel": sds(4, 8), "bias": sds(8)},
+  ...                   "Dense_1": {"kernel": sds(8, 4), "bias": sds(4)}}}
+  >>> for row in prj.match(target, prj.MemorySource(ck)).rows()[2:4]:
+  ...   print(row)
+  ('h_0/Dense_1/bias', "source('h.0.fc2.bias')", 'name, closure: the last tensor of layer (0,) that fits it')
+  ('h_0/Dense_1/kernel', "transpose(source('h.0.fc2.weight'), (1, 0))", 'name + transpose, closure: the last tensor of layer (0,) that fits it')
+
+  Without closure, ``Dense_1/kernel`` ``(8, 4)`` is ``fc1.weight`` as stored or ``fc2.weight``
+  transposed, and ``Dense_1/bias`` is ``fc2.bias`` or ``norm.bias``: asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from collections.abc import Mapping
+
+from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.evidence import Checkpoint
+
+Block = tuple[int, ...]
+
+
+def settle(
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  blocks: Mapping[str, Block],
+  ck: Checkpoint,
+  hinted: Collection[Block],
+) -> dict[str, tuple[Candidate, str]]:
+  """``{open leaf: (candidate, why)}`` for the pairs closure forces.
+
+  ``blocks``: every target leaf's layer (leaves outside a layer are not in it); ``decided``:
+  the keys of each decided leaf; ``hinted``: the layers where a hint decided a leaf."""
+  members: dict[Block, list[str]] = {}
+  for name, block in blocks.items():
+    if block:
+      members.setdefault(block, []).append(name)
+  used = {k for keys in decided.values() for k in keys}
+  out: dict[str, tuple[Candidate, str]] = {}
+  for block, names in members.items():
+    if block in hinted:
+      continue
+    left = [n for n in names if n not in decided]
+    free = [k for k in ck.by_layer.get(block, ()) if k not in used]
+    if not left or len(left) != len(free) or any(n not in open_ for n in left):
+      continue
+    edges = {n: _edges(open_[n], free) for n in left}
+    for name, cand in _forced(edges).items():
+      out[name] = (cand, f"the last tensor of layer {block} that fits it")
+  return out
+
+
+def _edges(cands: list[Candidate], free: list[str]) -> dict[str, list[Candidate]]:
+  """``{free tensor: [the leaf's ways to be it]}``: single, whole tensors only."""
+  out: dict[str, list[Candidate]] = {}
+  for c in cands:
+    if len(c.keys) == 1 and c.fused is None and c.claims is None and c.keys[0] in free:
+      if all(c.reason != d.reason for d in out.get(c.keys[0], [])):
+        out.setdefault(c.keys[0], []).append(c)
+  return out
+
+
+def _forced(edges: dict[str, dict[str, list[Candidate]]]) -> dict[str, Candidate]:
+  """The pairs every perfect pairing of ``edges`` makes (of one layout each); nothing when
+  there is no perfect pairing."""
+  graph = {n: set(ts) for n, ts in edges.items()}
+  if not _perfect(graph):
+    return {}
+  out: dict[str, Candidate] = {}
+  while True:
+    pair = _one_forced(graph)
+    if pair is None:
+      return out
+    name, key = pair
+    if len(edges[name][key]) == 1:
+      out[name] = edges[name][key][0]
+    del graph[name]
+    for ts in graph.values():
+      ts.discard(key)
+
+
+def _one_forced(graph: dict[str, set[str]]) -> tuple[str, str] | None:
+  """A leaf with one tensor left, or a tensor only one leaf fits."""
+  for name, ts in graph.items():
+    if len(ts) == 1:
+      return name, next(iter(ts))
+  takers: dict[str, list[str]] = {}
+  for name, ts in graph.items():
+    for t in ts:
+      takers.setdefault(t, []).append(name)
+  for t, names in takers.items():
+    if len(names) == 1:
+      return names[0], t
+  return None
+
+
+def _perfect(graph: Mapping[str, set[str]]) -> bool:
+  """Whether every leaf can take a tensor of its own at once (Kuhn's augmenting paths)."""
+  owner: dict[str, str] = {}
+
+  def place(name: str, seen: set[str]) -> bool:
+    for t in sorted(graph[name]):
+      if t in seen:
+        continue
+      seen.add(t)
+      if t not in owner or place(owner[t], seen):
+        owner[t] = name
+        return True
+    return False
+
+  return all(place(n, set()) for n in graph)

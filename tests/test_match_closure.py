@@ -1,0 +1,167 @@
+"""Closure inside an aligned block (``match/closure.py``): the last leaves of a layer take the
+last tensors they fit, and only where every perfect pairing of the block agrees; never after a
+hint, never where the block does not correspond, never between two leaves alike."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import paramreg_jax as prj
+from paramreg_jax import MemorySource
+from paramreg_jax._src.match import closure
+from paramreg_jax._src.match.candidates import Candidate
+
+
+def _sds(*shape):
+  return jax.ShapeDtypeStruct(shape, np.float32)
+
+
+def _opt_like(layers=2):
+  """OPT's block: the MLP's ``fc1``/``fc2`` at the layer's level, its norm named
+  ``final_layer_norm``; every tensor a distinct value."""
+  ck, rng = {}, np.random.default_rng(0)
+  for i in range(layers):
+    for name, shape in (
+      ("self_attn_layer_norm.weight", (4,)),
+      ("self_attn_layer_norm.bias", (4,)),
+      ("final_layer_norm.weight", (4,)),
+      ("final_layer_norm.bias", (4,)),
+      ("fc1.weight", (8, 4)),
+      ("fc1.bias", (8,)),
+      ("fc2.weight", (4, 8)),
+      ("fc2.bias", (4,)),
+    ):
+      ck[f"model.decoder.layers.{i}.{name}"] = rng.standard_normal(shape).astype(np.float32)
+  return ck
+
+
+def _auto_named_block():
+  """The same block as ``@nn.compact`` names it."""
+  return {
+    "LayerNorm_0": {"scale": _sds(4), "bias": _sds(4)},
+    "LayerNorm_1": {"scale": _sds(4), "bias": _sds(4)},
+    "mlp": {
+      "Dense_0": {"kernel": _sds(4, 8), "bias": _sds(8)},
+      "Dense_1": {"kernel": _sds(8, 4), "bias": _sds(4)},
+    },
+  }
+
+
+_CONFIG = {"model_type": "opt"}  # OPT's linear weights are [out, in]
+
+
+def test_the_last_leaves_of_a_layer_take_the_last_tensors_they_fit():
+  ck = _opt_like()
+  target = {f"layers_{i}": _auto_named_block() for i in range(2)}
+  m = prj.match(target, MemorySource(ck), config=_CONFIG)
+  why = {t: reason for t, _, reason in m.rows()}
+  assert "closure: the last tensor of layer (1,) that fits it" in why["layers_1/mlp/Dense_0/kernel"]
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  for i in range(2):
+    mlp, at = got[f"layers_{i}"]["mlp"], f"model.decoder.layers.{i}."
+    np.testing.assert_array_equal(mlp["Dense_0"]["kernel"], ck[at + "fc1.weight"].T)
+    np.testing.assert_array_equal(mlp["Dense_1"]["kernel"], ck[at + "fc2.weight"].T)
+    np.testing.assert_array_equal(mlp["Dense_1"]["bias"], ck[at + "fc2.bias"])
+    norm = got[f"layers_{i}"]["LayerNorm_1"]
+    np.testing.assert_array_equal(norm["bias"], ck[at + "final_layer_norm.bias"])
+
+
+def test_a_pick_two_leaves_claim_is_settled_by_stronger_evidence():
+  """``mlp/Dense_1/bias`` takes ``final_layer_norm.bias`` by name while the norm's scale (in
+  order) says its bias is that one: the contested pick is reopened, the module settles the
+  norm and closure the MLP's bias (both were refused as claimed twice)."""
+  ck = _opt_like(1)
+  target = {"layers_0": _auto_named_block()}
+  rows = {t: r for t, r, _ in prj.match(target, MemorySource(ck), config=_CONFIG).rows()}
+  assert rows["layers_0/mlp/Dense_1/bias"] == "source('model.decoder.layers.0.fc2.bias')"
+  assert rows["layers_0/LayerNorm_1/bias"] == (
+    "source('model.decoder.layers.0.final_layer_norm.bias')"
+  )
+
+
+def test_never_after_a_hint_in_the_block():
+  ck = _opt_like(1)
+  target = {"layers_0": _auto_named_block()}
+  hints = {"layers_0/LayerNorm_1/scale": "model.decoder.layers.0.final_layer_norm.weight"}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG, hints=hints)
+  assert "layers_0/mlp/Dense_0/kernel" in str(e.value)
+  assert "closure" not in str(e.value)
+
+
+def test_a_leaf_the_checkpoint_lacks_stops_closure_in_its_block():
+  """An extra leaf of the MLP's width with an extra tensor that is no MLP weight: as many
+  leaves as tensors, but no perfect pairing (the norm's extra gain fits nothing left)."""
+  ck = _opt_like(1)
+  ck["model.decoder.layers.0.attn_gain"] = np.ones((3,), np.float32)
+  target = {"layers_0": _auto_named_block()}
+  target["layers_0"]["mlp"]["Dense_2"] = {"kernel": _sds(8, 4)}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG)
+  assert "closure" not in str(e.value.hints_code)
+  assert "mlp/Dense_0/kernel" in str(e.value)
+
+
+def test_more_leaves_than_tensors_left_decides_nothing():
+  ck = _opt_like(1)
+  target = {"layers_0": _auto_named_block()}
+  target["layers_0"]["mlp"]["Dense_2"] = {"bias": _sds(4)}  # no tensor left for it
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG)
+  assert "layers_0/mlp/Dense_0/kernel" in str(e.value)
+
+
+def _cand(key, reason="name"):
+  return Candidate(0.3, (key,), reason, lambda: None)
+
+
+def test_forced_pairs_only_where_every_perfect_pairing_agrees():
+  edges = {
+    "a": {"x": [_cand("x")]},
+    "b": {"x": [_cand("x")], "y": [_cand("y")], "z": [_cand("z")]},
+    "c": {"y": [_cand("y")], "z": [_cand("z")]},
+    "d": {"y": [_cand("y")], "z": [_cand("z")]},
+  }
+  assert closure._forced(edges) == {}  # b, c, d want y, z: no perfect pairing (x is a's)
+  edges["d"]["w"] = [_cand("w")]
+  edges["c"]["w"] = [_cand("w")]
+  # a <- x forced; b then takes y or z, c and d the rest: only a is decided
+  forced = closure._forced(edges)
+  assert {n: c.keys for n, c in forced.items()} == {"a": ("x",)}
+
+
+def test_a_forced_pair_of_two_layouts_is_left_open():
+  edges = {
+    "a": {"x": [_cand("x", "same"), _cand("x", "t")]},
+    "b": {"x": [_cand("x")], "y": [_cand("y")]},
+  }
+  forced = closure._forced(edges)
+  assert {n: c.keys for n, c in forced.items()} == {"b": ("y",)}  # a is x, but which way?
+
+
+def test_two_leaves_alike_stay_asked_with_both_tensors_on_their_lines():
+  """Both norms renamed to opaque tokens: nothing but the name told them apart, and closure
+  does not either."""
+  ck = _opt_like(1)
+  block = _auto_named_block()
+  target = {"layers_0": {"p": block["LayerNorm_0"], "q": block["LayerNorm_1"], "mlp": block["mlp"]}}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG)
+  code = e.value.hints_code
+  for key in ("self_attn_layer_norm.weight", "final_layer_norm.weight"):
+    assert f'"layers_0/p/scale": "model.decoder.layers.0.{key}"' in code
+
+
+def test_a_tensor_left_over_in_the_block_decides_nothing():
+  """An adapter the target does not have, of the MLP's output weight's shape: more tensors
+  left than leaves, so a tensor one leaf fits is not forced to be that leaf's."""
+  ck = _opt_like(1)
+  ck["model.decoder.layers.0.adapter.weight"] = np.ones((4, 8), np.float32)
+  target = {"layers_0": _auto_named_block()}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG)
+  asked = {t for p in e.value.problems for t in p.targets}
+  assert {"layers_0/mlp/Dense_0/kernel", "layers_0/mlp/Dense_1/kernel"} <= asked
+  assert "closure" not in str(e.value) + e.value.hints_code
