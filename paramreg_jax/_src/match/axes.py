@@ -140,16 +140,19 @@ def _agreed(
 _ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
 
 
-def decided_relation(slots: list[Any], decided: dict[str, Any], ck: Checkpoint) -> str | None:
+def decided_relation(
+  slots: list[Any], decided: dict[str, Any], ck: Checkpoint, *, in_out: bool = False
+) -> str | None:
   """How the target's non-square linear weights that evidence or a name hint decided relate
   to their stored tensors, if they all agree: ``"t"`` (transposed) or ``"same"``; what orients
-  the square ones no config can (those not named ``kernel``/``w``). Only decided leaves of
-  that kind count, never candidates still open (nor a recipe given as a hint: it is the
-  user's to lay out)."""
+  the square ones no config can. ``in_out``: of the leaves named ``kernel``/``w`` (then it is
+  the checkpoint's own layout, for a checkpoint without a config whose names matched too
+  loosely to vote), else of the others. Only decided leaves of that kind count, never
+  candidates still open (nor a recipe given as a hint: it is the user's to lay out)."""
   said = set()
   for slot in slots:
-    if in_out_leaf(slot.name):
-      continue  # the checkpoint's own layout orients these
+    if in_out_leaf(slot.name) != in_out:
+      continue
     p = decided.get(slot.name)
     if p is None or p.recipe is None or p.reason == "hint" or not p.keys:
       continue

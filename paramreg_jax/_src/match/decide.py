@@ -18,6 +18,7 @@ from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import fused
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match import refusal
+from paramreg_jax._src.match import towers
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
@@ -135,6 +136,28 @@ def _decided(picked: dict[str, Candidate], proposals: dict[str, Proposal]) -> di
   out = {n: p.keys for n, p in proposals.items() if p.alias_of is None}
   out.update({n: c.keys for n, c in picked.items()})
   return out
+
+
+def align_towers(
+  slots: list[Any],
+  ranked: dict[str, list[Candidate]],
+  proposals: dict[str, Proposal],
+  hinted: frozenset[str],
+  ck: evidence.Checkpoint,
+) -> dict[str, str]:
+  """``{target tower: checkpoint tower}`` from the anchors: each leaf's single best candidate
+  by name (as :func:`choose` picks it) that no other leaf's pick claims (``towers.align``)."""
+  picked, _ = _best(slots, ranked, proposals, hinted, ck)
+  claims: dict[Any, int] = {}
+  for cand in picked.values():
+    for k in cand.claimed:
+      claims[k] = claims.get(k, 0) + 1
+  anchors = {
+    n: c
+    for n, c in picked.items()
+    if n not in hinted and c.fused is None and all(claims[k] == 1 for k in c.claimed)
+  }
+  return towers.align([s.name for s in slots], anchors, ck)
 
 
 class _Contests:

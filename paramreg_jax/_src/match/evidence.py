@@ -213,6 +213,8 @@ class Checkpoint:
   # where the target's stacked leaves keep their layers: 0 (``nnx.scan``) or 1 (MaxText's
   # ``param_scan_axis``); None when no leaf's sizes say it (then both are offered)
   scan_axis: int | None = 0
+  # ``{target tower: checkpoint tower}`` its anchors aligned (``towers.align``), last decision
+  towers: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""

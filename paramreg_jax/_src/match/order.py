@@ -163,27 +163,62 @@ _ATTENTION_ROLES = {3: ("q", "k", "v"), 4: ("q", "k", "v", "o")}
 _MLP_ROLES = {2: ("gate?", "up?"), 3: ("gate?", "up?", "down")}
 
 
-def fused_roles(names: list[str], ck: Checkpoint) -> dict[str, str]:
+def fused_roles(names: list[str], ck: Checkpoint, shapes: Mapping[str, Any]) -> dict[str, str]:
   """``{leaf: role}`` for numbered siblings in an attention module (q, k, v, o) or an MLP
   (gate and up, each only ``gate?``/``up?``: either one; down), in call order, where their
   layer of the checkpoint holds a fused qkv or gate_up: nothing names the part each one is,
   and only its role can say which rows of the fused tensor it takes (separate tensors are
-  paired by :func:`settle` instead, from their own names)."""
-  families = _families(names)
+  paired by :func:`settle` instead, from their own names).
+
+  The order is that of the numbered modules that multiply (those with a ``kernel``/``w``): a
+  ``Sequential`` numbers its activations and norms too (``0, 1, 2`` q, k, v; ``3, 4`` the q
+  and k norms; ``5`` o), and a module without a bias is still counted for the others. A module
+  is an attention when its name says so or, unnamed (a ``Sequential``'s ``1``), when its
+  kernels split heads as only an attention does (``shapes``: q, k, v ``[in, heads,
+  head_dim]``, o ``[heads, head_dim, out]``); an MLP when its name says so or its kernels are
+  gate and up of one shape and down their transpose."""
+  groups: dict[tuple[str, str], dict[str, dict[int, str]]] = {}
+  for (parent, base, leaf), members in _families(names).items():
+    groups.setdefault((parent, base), {})[leaf] = members
   out = {}
-  for (parent, _, _), members in families.items():
-    where = concepts(parent)
-    if sorted(members) != list(range(len(members))):
+  for (parent, _), leaves in groups.items():
+    kernels = next((leaves[w] for w in ("kernel", "w") if w in leaves), None)
+    if kernels is None:
       continue
-    if "attn" in where.tokens:
-      fused, roles = "qkv", _ATTENTION_ROLES.get(len(members))
-    elif "mlp" in where.tokens:
-      fused, roles = "gate_up", _MLP_ROLES.get(len(members))
+    linear = sorted(kernels)  # call order of the modules that multiply
+    got = [tuple(shapes.get(kernels[n], ())) for n in linear]
+    where = concepts(parent)
+    if "attn" in where.tokens or _splits_heads(got):
+      fused, roles = "qkv", _ATTENTION_ROLES.get(len(linear))
+    elif "mlp" in where.tokens or _gated(got):
+      fused, roles = "gate_up", _MLP_ROLES.get(len(linear))
     else:
       continue
     layer = ck.by_layer.get(where.indices, ())
     if roles is None or not any(fused in ck.concepts[k].tokens for k in layer):
       continue
-    for n, role_ in zip(sorted(members), roles):
-      out[members[n]] = role_
+    for members in leaves.values():
+      for n, name in members.items():
+        if n in kernels:
+          out[name] = roles[linear.index(n)]
   return out
+
+
+def _splits_heads(kernels: list[tuple[int, ...]]) -> bool:
+  """Whether an attention's kernels, by their shapes: three or four, q, k, v ``[in, heads,
+  head_dim]`` of one ``in`` and ``head_dim``, and o ``[heads, head_dim, out]``."""
+  if len(kernels) not in (3, 4) or any(len(s) != 3 for s in kernels):
+    return False
+  qkv, o = kernels[:3], kernels[3:]
+  same = len({s[0] for s in qkv}) == 1 and len({s[2] for s in qkv}) == 1
+  return same and all(s[:2] == qkv[0][1:] for s in o)
+
+
+def _gated(kernels: list[tuple[int, ...]]) -> bool:
+  """Whether a gated MLP's kernels, by their shapes: gate and up ``[in, hidden]``, down
+  ``[hidden, in]`` (as stored by the target, either orientation)."""
+  if len(kernels) != 3 or any(len(s) != 2 for s in kernels):
+    return False
+  return (
+    kernels[0] == kernels[1] and kernels[2] == kernels[0][::-1] and kernels[0][0] != kernels[0][1]
+  )

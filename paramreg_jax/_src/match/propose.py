@@ -17,6 +17,7 @@ from paramreg_jax._src.match import kept
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match import quantized
 from paramreg_jax._src.match import refusal
+from paramreg_jax._src.match import towers
 from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import concepts
@@ -89,10 +90,16 @@ def match(
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  if problems and ck.convention is None and ck.conflict is None:
+    ck.convention = axes.decided_relation(slots, proposals, ck, in_out=True)
+    if ck.convention is not None:  # the checkpoint's layout, from the kernels decided
+      ck.convention_by = "decided"
+      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
   if problems and ck.other_relation is None:  # what the decided weights say of the others
     ck.decided_relation = axes.decided_relation(slots, proposals, ck)
     if ck.decided_relation is not None:
       proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  aligned = tuple(sorted(ck.towers.items()))
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
@@ -108,7 +115,7 @@ def match(
   origin = (
     "match(config=...)" if config is not None else getattr(stored, "config_origin", "config.json")
   )
-  result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin)
+  result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin, aligned)
   if problems:
     error = refusal.refuse(problems, ranked, slots, source, ck)
     error.partial = result
@@ -158,17 +165,13 @@ def _decide(
   (a pure function of them: ``match`` runs it once more without hints to report what the
   hints changed)."""
   proposals = {n: Proposal(n, r, "hint", inference.source_keys(r)) for n, r in recipe_hints.items()}
-  ranked: dict[str, list[cand_lib.Candidate]] = {}
   names = [s.name for s in slots]
-  roles = order.fused_roles(names, ck)
-  for slot in slots:
-    if slot.name in name_hints:
-      ranked[slot.name] = hints_lib.candidates_of(slot, name_hints[slot.name], ck)
-    elif slot.name not in proposals:
-      tc = evidence.target_concepts(slot.name, names, ck)
-      if slot.name in roles:  # Dense_0..3 of an attention over a fused qkv: q, k, v, o
-        tc = dataclasses.replace(tc, tokens=tc.tokens | {roles[slot.name].rstrip("?")})
-      ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), ck)
+  roles = order.fused_roles(names, ck, {s.name: tuple(s.shape) for s in slots})
+  ck.towers = {}
+  ranked = _ranked(slots, ck, proposals, name_hints, roles)
+  ck.towers = decide.align_towers(slots, ranked, proposals, frozenset(name_hints), ck)
+  if ck.towers:  # each tower's leaves again, among their own tower's tensors
+    ranked = _ranked(slots, ck, proposals, name_hints, roles)
   problems = [ck.conflict] if ck.conflict else []
   problems += [
     hints_lib.misfit(s, name_hints[s.name], ck)
@@ -182,6 +185,33 @@ def _decide(
   )
   decide.cast_to_targets(slots, proposals, source)
   return proposals, problems, ranked
+
+
+def _ranked(
+  slots: list[Any],
+  ck: evidence.Checkpoint,
+  proposals: dict[str, Proposal],
+  name_hints: dict[str, list[str]],
+  roles: dict[str, str],
+) -> dict[str, list[cand_lib.Candidate]]:
+  """Each leaf's candidates; a leaf of a tower aligned with one of the checkpoint's
+  (``ck.towers``) among that tower's tensors and those outside every tower, its name read with
+  the checkpoint tower's words for its own tower's."""
+  ranked: dict[str, list[cand_lib.Candidate]] = {}
+  names = [s.name for s in slots]
+  views = towers.views(names, ck)
+  for slot in slots:
+    if slot.name in name_hints:
+      ranked[slot.name] = hints_lib.candidates_of(slot, name_hints[slot.name], ck)
+    elif slot.name not in proposals:
+      view, out, in_ = views.get(slot.name, (ck, frozenset(), frozenset()))
+      tc = evidence.target_concepts(slot.name, names, view)
+      tokens = tc.tokens - out | in_
+      if slot.name in roles:  # Dense_0..3 of an attention over a fused qkv: q, k, v, o
+        tokens |= {roles[slot.name].rstrip("?")}
+      tc = dataclasses.replace(tc, tokens=tokens)
+      ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), view)
+  return ranked
 
 
 def _hint_effects(

@@ -206,7 +206,7 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
   for p in problems:
     for keys, n, j in _templates(p.targets):
       for loose in (False, True):  # h.{i}.ln_1 before layers_{i}/ln
-        text = _templated(_targets_templated(str(p), n, j, names), n, loose)
+        text = _targets_templated(str(p), n, j, names, loose)
         codes = tuple(
           tuple(_templated(c.code, n, loose) for c in p.choices.get(t, ())) for t in p.targets
         )
@@ -258,15 +258,17 @@ def _at(name: str, j: int, n: str) -> str | None:
   return found[j][0] if j < len(found) and found[j][1] == n else None
 
 
-def _targets_templated(text: str, n: str, j: int, names: frozenset[str]) -> str:
+def _targets_templated(text: str, n: str, j: int, names: frozenset[str], loose: bool) -> str:
   """``text`` with every target name in it whose ``j``-th number component is ``n`` written
-  with ``{i}`` there (``layers_3/norm_0`` as ``layers_{i}/norm_0``)."""
+  with ``{i}`` there (``layers_3/norm_0`` as ``layers_{i}/norm_0``; a sequential's module
+  number that equals the layer's stays: ``layers_0/3/0`` is ``layers_{i}/3/0``), and the layer
+  number in every other name as ``{i}`` (:func:`_templated`)."""
 
   def one(m: re.Match[str]) -> str:
     name = m.group(0)
-    return (_at(name, j, n) or name) if name in names else name
+    return (_at(name, j, n) or name) if name in names else _templated(name, n, loose)
 
-  return re.sub(r"[\w./-]+", one, text)
+  return re.sub(r"[\w./-]+", one, text).replace(f"layer ({n},)", "layer ({i},)")
 
 
 def _layer_templates(name: str) -> list[tuple[str, str]]:

@@ -41,6 +41,8 @@ class Match(sets.RecipeSet):
       ``"match(config=...)"``).
     hint_effects: ``(target, without the hints, with them)`` for every parameter the hints did
       not name whose outcome they changed (a recipe, ``"refused"`` or ``"undecided"``).
+    towers: ``(target subtree, checkpoint subtree)`` for each tower the anchors aligned (a
+      dual-tower or encoder-decoder model: each target tower reads only from its own).
 
   Examples:
     >>> import jax, numpy as np
@@ -62,8 +64,10 @@ class Match(sets.RecipeSet):
     facts: Iterable[tuple[str, str]] = (),
     hint_effects: Iterable[tuple[str, str, str]] = (),
     facts_from: str = "config.json",
+    towers: Iterable[tuple[str, str]] = (),
   ):
     self.proposals = tuple(proposals)
+    self.towers = tuple(towers)
     self.facts_from = facts_from
     self.source = source
     self.facts = tuple(facts)
@@ -88,6 +92,10 @@ class Match(sets.RecipeSet):
     lines = [f"Match: {len(rows)} parameters from {self.source!r}"]
     if self.facts:
       lines.append(f"  from {self.facts_from}: " + "; ".join(f"{k} = {v}" for k, v in self.facts))
+    if self.towers:
+      lines.append(
+        "  towers (aligned by their anchors): " + ", ".join(f"{t} = {c}" for t, c in self.towers)
+      )
     lines += [f"  {t:<{width}}  <- {expr}   [{why}]" for t, expr, why in rows]
     if self.hint_effects:
       lines.append("  changed by the hints (parameters they do not name):")
@@ -106,6 +114,13 @@ class Match(sets.RecipeSet):
         + "; ".join(f"{html.escape(k)} = {html.escape(v)}" for k, v in self.facts)
         + "</p>"
         if self.facts
+        else ""
+      )
+      + (
+        "<p>Towers (aligned by their anchors): "
+        + ", ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.towers)
+        + "</p>"
+        if self.towers
         else ""
       )
       + html_table.table(["target", "checkpoint", "why"], body, wrap=[1, 2])
