@@ -89,16 +89,7 @@ def match(
   ck = _read_checkpoint(slots, source, keys, config, frozenset(given), per_layer)
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
-  proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
-  if problems and ck.convention is None and ck.conflict is None:
-    ck.convention = axes.decided_relation(slots, proposals, ck, in_out=True)
-    if ck.convention is not None:  # the checkpoint's layout, from the kernels decided
-      ck.convention_by = "decided"
-      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
-  if problems and ck.other_relation is None:  # what the decided weights say of the others
-    ck.decided_relation = axes.decided_relation(slots, proposals, ck)
-    if ck.decided_relation is not None:
-      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  proposals, problems, ranked = _oriented(slots, source, ck, recipe_hints, name_hints)
   aligned = tuple(sorted(ck.towers.items()))
   changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
   used = {k for p in proposals.values() for k in p.keys}
@@ -152,6 +143,29 @@ def _read_stored(ordered: list[Proposal], view: Any, problems: list[str]) -> lis
     except ValueError as e:
       problems.append(f"{p.target}: {e}")
   return out
+
+
+def _oriented(
+  slots: list[Any],
+  source: Any,
+  ck: evidence.Checkpoint,
+  recipe_hints: dict[str, ops.Recipe],
+  name_hints: dict[str, list[str]],
+) -> tuple[dict[str, Proposal], list[str], dict[str, list[cand_lib.Candidate]]]:
+  """:func:`_decide`, again where the weights it decided orient the rest: the non-square
+  ``kernel``s the checkpoint's layout (without a config or names close enough to vote), the
+  other non-square weights the square ones no config can orient."""
+  proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  if problems and ck.convention is None and ck.conflict is None:
+    ck.convention = axes.decided_relation(slots, proposals, ck, in_out=True)
+    if ck.convention is not None:
+      ck.convention_by = "decided"
+      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  if problems and ck.other_relation is None:
+    ck.decided_relation = axes.decided_relation(slots, proposals, ck)
+    if ck.decided_relation is not None:
+      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  return proposals, problems, ranked
 
 
 def _decide(
