@@ -214,6 +214,20 @@ MUTATIONS = (
     ("tests/test_match_closure.py", "-k", "after_a_hint"),
   ),
   Mutation(
+    "stacks: a subtree whose leaves lead with any one size is a stack",
+    "paramreg_jax/_src/match/axes.py",
+    "len(ls) == 1 and next(iter(ls)) in counts",
+    "len(ls) == 1",
+    ("tests/test_match_layouts.py", "-k", "without_the_evidence"),
+  ),
+  Mutation(
+    "towers: anchors that disagree still align",
+    "paramreg_jax/_src/match/towers.py",
+    "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
+    "agreed = {t: next(iter(cs)) for t, cs in said.items()}",
+    ("tests/test_match_towers.py", "-k", "disagree"),
+  ),
+  Mutation(
     "refusal: a checkpoint name offered where it does not say the layout",
     "paramreg_jax/_src/match/refusal.py",
     "    if name is not None and _names_only(name, c, slot, ck):\n",

@@ -6,12 +6,16 @@
 
 from __future__ import annotations
 
+import types
+
 import jax
 import numpy as np
 import pytest
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
+from paramreg_jax._src.match import axes
+from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 
 rng = np.random.default_rng(0)
@@ -171,3 +175,34 @@ def test_a_stack_whose_sizes_allow_both_axes_is_a_question():
 def test_maxtext_names_fold_to_the_checkpoints_concepts(target, key):
   roles = {"gate", "up", "down", "o", "router", "embed", "final", "norm", "head", "experts"}
   assert concepts(target).tokens & roles == concepts(key).tokens & roles, target
+
+
+def _stack_case(leaves, layers=3):
+  keys = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(layers)]
+  ck = Checkpoint({k: concepts(k) for k in keys}, {k: (8, 4) for k in keys})
+  slots = [types.SimpleNamespace(name=n, shape=s) for n, s in leaves.items()]
+  return axes.stacks(slots, ck)
+
+
+def test_a_subtree_whose_leaves_all_lead_with_the_layer_count_is_a_stack():
+  got = _stack_case(
+    {"dec/mlp/up/kernel": (3, 4, 8), "dec/mlp/up/bias": (3, 8), "embed/embedding": (9, 4)}
+  )
+  assert got == {"dec"}  # the largest such subtree, not dec/mlp or dec/mlp/up
+
+
+@pytest.mark.parametrize(
+  "leaves",
+  [
+    {"dec/mlp/up/kernel": (3, 4, 8), "dec/mlp/up/bias": (8,)},  # one leaf leads otherwise
+    {"dec/up/kernel": (3, 4, 8)},  # a single leaf says nothing
+    {"layers/up/kernel": (3, 4, 8), "layers/up/bias": (3, 8)},  # named so: nothing to add
+    {"dec/up/kernel": (5, 4, 8), "dec/up/bias": (5, 8)},  # 5 is no layer count here
+  ],
+)
+def test_no_stack_without_the_evidence(leaves):
+  assert _stack_case(leaves) == frozenset()
+
+
+def test_a_one_layer_checkpoint_has_no_stacks():
+  assert _stack_case({"dec/up/kernel": (1, 4, 8), "dec/up/bias": (1, 8)}, layers=1) == frozenset()

@@ -443,3 +443,14 @@ def test_numbered_modules_are_a_layers_own_not_layers():
   got = {t: r for t, r, _ in prj.match(target, src, hints=swapped).rows()}
   assert got["h_1/0/scale"] == "source('h.1.ln_2.weight')"
   assert got["h_0/2/scale"] == "source('h.0.ln_1.weight')"
+
+
+@pytest.mark.parametrize("stack", ["ScanDecoderLayer_0", "decoder"])
+@pytest.mark.parametrize("name", CASES)
+def test_a_stack_no_word_names_maps_with_no_hints(name, stack, tmp_path):
+  """An NNX-style stack (every layer on axis 0) under the name linen's ``nn.scan`` gives a
+  lifted block (``ScanDecoderLayer_0``) or one the user gave it (``decoder``): its leaves all
+  lead with the checkpoint's layer count, so they are the layers (``axes.stacks``)."""
+  *model, target, src, truth = _case(name, True, tmp_path, "nnx")
+  target[stack] = target.pop("layers")
+  assert _restores_as_pytorch(*model, target, src, truth, {f"{stack}/": "layers/"}) == 0

@@ -177,3 +177,106 @@ def test_t5_forward_pass_matches_pytorch_with_no_hints(name, stacked):
     forward(c, canonical(c, restored, stacked), ref["input_ids"], ref["decoder_input_ids"])
   )
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+
+
+# --- T5 as t5x writes it ------------------------------------------------------------------------
+
+
+def t5x_target(c):
+  """T5 as t5x's ``network.py`` names it: ``token_embedder``, ``relpos_bias/rel_embedding``
+  ``[heads, buckets]`` (transformers stores ``[buckets, heads]``), ``pre_*_layer_norm``,
+  ``self_attention``/``encoder_decoder_attention`` with 2-D kernels, ``wi``/``wi_0``/``wi_1``
+  and ``wo``, ``encoder_norm``/``decoder_norm``, ``logits_dense``."""
+  d, f, h, dk, n = c["d_model"], c["d_ff"], c["num_heads"], c["d_kv"], c["num_layers"]
+
+  def sds(*s):
+    return jax.ShapeDtypeStruct(s, np.float32)
+
+  def attention():
+    qkv = {x: {"kernel": sds(d, h * dk)} for x in ("query", "key", "value")}
+    return qkv | {"out": {"kernel": sds(h * dk, d)}}
+
+  wi = ("wi_0", "wi_1") if c["feed_forward_proj"].startswith("gated") else ("wi",)
+  mlp = {x: {"kernel": sds(d, f)} for x in wi} | {"wo": {"kernel": sds(f, d)}}
+  norm = {"scale": sds(d)}
+  table = {"rel_embedding": sds(h, c["relative_attention_num_buckets"])}
+  encoder = {
+    f"layers_{i}": {
+      "pre_attention_layer_norm": norm,
+      "attention": attention(),
+      "pre_mlp_layer_norm": norm,
+      "mlp": mlp,
+    }
+    for i in range(n)
+  }
+  decoder = {
+    f"layers_{i}": {
+      "pre_self_attention_layer_norm": norm,
+      "self_attention": attention(),
+      "pre_cross_attention_layer_norm": norm,
+      "encoder_decoder_attention": attention(),
+      "pre_mlp_layer_norm": norm,
+      "mlp": mlp,
+    }
+    for i in range(n)
+  }
+  decoder["decoder_norm"], decoder["relpos_bias"] = norm, table
+  encoder["encoder_norm"], encoder["relpos_bias"] = norm, table
+  out = {"token_embedder": {"embedding": sds(c["vocab_size"], d)}}
+  if not c.get("tie_word_embeddings", True):
+    decoder["logits_dense"] = {"kernel": sds(d, c["vocab_size"])}
+  return out | {"encoder": encoder, "decoder": decoder}
+
+
+def t5x_canonical(c, restored):
+  r = jax.tree.map(np.asarray, restored)
+  w = {"shared": r["token_embedder"]["embedding"]}
+  if "logits_dense" in r["decoder"]:
+    w["lm_head"] = r["decoder"]["logits_dense"]["kernel"]
+  names = {"gate": "wi_0", "up": "wi_1"} if "wi_0" in r["encoder"]["layers_0"]["mlp"] else {}
+  names = names or {"up": "wi"}
+  for stack, attentions in (
+    ("encoder", {"attn": ("attention", "pre_attention_layer_norm")}),
+    (
+      "decoder",
+      {
+        "attn": ("self_attention", "pre_self_attention_layer_norm"),
+        "xattn": ("encoder_decoder_attention", "pre_cross_attention_layer_norm"),
+      },
+    ),
+  ):
+    s, layers = r[stack], []
+    for i in range(c["num_layers"]):
+      block, layer = s[f"layers_{i}"], {}
+      for a, (module, norm_) in attentions.items():
+        p = block[module]
+        layer[a] = {x: p[t]["kernel"] for x, t in zip("qkvo", ("query", "key", "value", "out"))}
+        layer[f"{a}_norm"] = block[norm_]["scale"]
+      layer["mlp"] = {k: block["mlp"][v]["kernel"] for k, v in names.items()}
+      layer["mlp"]["down"] = block["mlp"]["wo"]["kernel"]
+      layer["mlp_norm"] = block["pre_mlp_layer_norm"]["scale"]
+      layers.append(layer)
+    w[stack] = {
+      "layers": layers,
+      "final_norm": s[f"{stack}_norm"]["scale"],
+      "relpos": s["relpos_bias"]["rel_embedding"].T,
+    }
+  return w
+
+
+@pytest.mark.parametrize("name", ["t5", "t5_gated"])
+def test_a_t5x_tree_maps_with_no_hints_and_runs_as_pytorch(name):
+  """The cross-attention by its t5x name, the relative bias table transposed, the towers
+  (encoder, decoder) aligned by their anchors."""
+  c = config(name)
+  ref = dict(np.load(hf.DATA / name / "reference.npz"))
+  src = SafetensorsSource(hf.DATA / name / "model.safetensors")
+  tree = t5x_target(c)
+  m = prj.match(tree, src)
+  why = {t: r for t, _, r in m.rows()}
+  assert why["encoder/relpos_bias/rel_embedding"].startswith("name + transpose")
+  restored = prj.restore(tree, src, recipes=m)
+  got = np.asarray(
+    forward(c, t5x_canonical(c, restored), ref["input_ids"], ref["decoder_input_ids"])
+  )
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))

@@ -99,6 +99,30 @@ def scan_axis(
   return votes.pop() if len(votes) == 1 else None
 
 
+def stacks(slots: list[Any], ck: Checkpoint) -> frozenset[str]:
+  """The target subtrees that hold every layer on a leading axis although no word in their
+  names says so (``nn.scan(Block, name="decoder")``, ``nnx.vmap``-built stacks named for what
+  they are): the largest subtrees of two or more leaves, none numbered or named as layers,
+  whose every leaf leads with the same size, a layer count of the checkpoint (2 or more)."""
+  counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()} - {0, 1}
+  if not counts:
+    return frozenset()
+  leads: dict[str, set[int | None]] = {}
+  sizes: dict[str, int] = {}
+  for slot in slots:
+    tc, shape = concepts(slot.name), tuple(slot.shape)
+    known = bool(tc.indices) or "layers" in tc.tokens
+    parts = slot.name.split("/")
+    for j in range(1, len(parts)):
+      prefix = "/".join(parts[:j])
+      leads.setdefault(prefix, set()).add(None if known or not shape else shape[0])
+      sizes[prefix] = sizes.get(prefix, 0) + 1
+  found = {
+    p for p, ls in leads.items() if sizes[p] >= 2 and len(ls) == 1 and next(iter(ls)) in counts
+  }
+  return frozenset(p for p in found if not any(p.startswith(q + "/") for q in found))
+
+
 def one_layer(shape: tuple[int, ...], tc: Concepts, ck: Checkpoint) -> tuple[int, ...] | None:
   """One layer's shape of a stacked target leaf (``shape`` itself for any other), or None when
   where its layers are is not known."""

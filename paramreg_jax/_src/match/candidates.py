@@ -45,6 +45,9 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     out.append(("conv1d", lambda r: ops.transpose(r, (2, 1, 0))))  # Conv1d OIK -> flax KIO
   if linear and len(src) == 2 and src[::-1] == dst:
     out.append(("t", lambda r: ops.transpose(r, (1, 0))))
+  if not linear and len(src) == 2 and src[::-1] == dst and src != dst:
+    # a table kept the other way round (t5x's relative bias [heads, buckets])
+    out.append(("table-t", lambda r: ops.transpose(r, (1, 0))))
   if linear and len(src) == 3 and dst == (src[0], src[2], src[1]):
     # experts [E, out, in]; square ones too (the orientation chooses between the two)
     out.append(("t", lambda r: ops.transpose(r, (0, 2, 1))))
@@ -282,6 +285,7 @@ FUSED_AXIS_BY_WIDTHS = -1
 _REASONS = {
   "same": "name",
   "t": "name + transpose",
+  "table-t": "name + transpose",
   "heads": "name + heads reshaped",
   "t+heads": "name + transpose + heads reshaped",
   "conv": "name + conv kernel OIHW -> HWIO",
@@ -297,7 +301,7 @@ def _oriented(
   if len(src) == 3 and "experts" in sc.tokens:
     src = src[1:]
   if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
-    return how in ("same", "heads", "conv", "conv1d")
+    return how in ("same", "heads", "conv", "conv1d", "table-t")
   if convention == "conflict":
     return False  # the evidence disagrees: no linear weight is oriented by guess
   if convention is None:

@@ -215,6 +215,8 @@ class Checkpoint:
   scan_axis: int | None = 0
   # ``{target tower: checkpoint tower}`` its anchors aligned (``towers.align``), last decision
   towers: dict[str, str] = dataclasses.field(default_factory=dict)
+  # target subtrees whose leaves hold every layer on a leading axis though no word says so
+  stacks: frozenset[str] = frozenset()
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -229,6 +231,8 @@ class Checkpoint:
       self.hinted_convention,
       self.decided_relation,
       self.scan_axis,
+      self.towers,
+      self.stacks,
     )
 
   @functools.cached_property
@@ -318,6 +322,8 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   says nothing."""
   facts = ck.facts
   c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
+  if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (axes.stacks)
+    c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))
   if _POST_ATTN.search(name) and (

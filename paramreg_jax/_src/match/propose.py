@@ -304,7 +304,9 @@ def _read_checkpoint(
   ck = evidence.Checkpoint(
     folded, {k: source_lib.metadata_of(source, k).shape for k in keys}, facts
   )
-  ck.scan_axis = axes.scan_axis(slots, ck, per_layer)
+  ck.stacks = axes.stacks(slots, ck)
+  stacked = {s.name for s in slots if any(s.name.startswith(f"{p}/") for p in ck.stacks)}
+  ck.scan_axis = axes.scan_axis(slots, ck, per_layer | stacked)
   orientation = axes.linear_convention(slots, ck, hinted)
   ck.convention, ck.convention_by, ck.other_relation, ck.conflict = orientation
   return ck

@@ -55,7 +55,8 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("attn",) for w in ("attn", "attention", "self_attn", "self_attention", "selfattention")},
   **{w: ("xattn",) for w in ("xattn", "encdecattention", "cross_attn", "crossattention", "cross")},
   "encoder_attn": ("xattn",),
-  "relative_attention_bias": ("relpos",),
+  "encoder_decoder_attention": ("xattn",),  # t5x, flax's WMT example
+  **{w: ("relpos",) for w in ("relative_attention_bias", "relpos_bias")},
   **{w: ("q",) for w in ("q", "q_proj", "query", "wq", "q_lin")},
   **{w: ("k",) for w in ("k", "k_proj", "key", "wk", "k_lin")},
   **{w: ("v",) for w in ("v", "v_proj", "value", "wv", "v_lin")},
@@ -174,6 +175,10 @@ def numbers_items(word: str) -> bool:
 
 
 _CONTAINER_INDEX = re.compile(r"^(layers|layer|h|block|blocks)_(\d+)$")  # linen: layers_3
+# the name flax gives a module class lifted by nn.scan (``nn.scan(DecoderLayer)`` is
+# ``ScanDecoderLayer``, auto-named ``ScanDecoderLayer_0``; ``nn.scan(nn.remat(Block))`` is
+# ``ScanCheckpointBlock_0``)
+_SCANNED = re.compile(r"^Scan[A-Z][A-Za-z0-9]*(_\d+)?$")
 
 
 _T5_SUBLAYER = re.compile(r"(^|\.)(encoder|decoder)\.block\.(\d+)\.layer\.(\d+)\.")
@@ -213,7 +218,9 @@ def _words(
     if n == 0 and word in noise:
       continue
     m = _CONTAINER_INDEX.match(word) if "_" in word else None
-    if m:
+    if _SCANNED.match(raw):  # linen's nn.scan over a block: its layers on a leading axis
+      parts.append("layers")
+    elif m:
       parts.append(m.group(1))
       where.append((n, 2))
     elif word == "#":
