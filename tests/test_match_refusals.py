@@ -124,8 +124,9 @@ def _renamer(back):
 
 
 def _restores_as_pytorch(arch, sizes, ref, style, shapes, target, src, truth, back):
-  """The chooser's restore, renamed back, gives PyTorch's logits; returns its choices."""
-  rename = _renamer(back)
+  """The chooser's restore, renamed back (``back``: new prefix -> old prefix, or a function),
+  gives PyTorch's logits; returns its choices."""
+  rename = back if callable(back) else _renamer(back)
   m, choices, _ = choose(target, src, truth, rename)
   flat = jax.tree_util.tree_flatten_with_path(prj.restore(target, src, recipes=m))[0]
   restored: dict = {}
@@ -407,10 +408,10 @@ def _sequential(layer):
   return out, renamed
 
 
-# the architectures whose sequentials still ask: which of gate and up (code calls them either
-# way round), which of two norms of one width with no name (q and k norms; the block's norms
-# where nothing but their names told them apart)
-_SEQUENTIALS_ASK = frozenset(
+# the architectures whose blocks, their modules numbered (sequentials, haiku auto-names), still ask:
+# which of gate and up (code calls them either way round), which of two norms of one width with
+# no name (q and k norms; the block's norms where nothing but their names told them apart)
+_ASKED_WITHOUT_NAMES = frozenset(
   {"gemma", "llama", "mistral", "olmo2", "persimmon", "phi3", "qwen2", "stablelm"}
 )
 
@@ -428,7 +429,7 @@ def test_numbered_sequentials_map_or_ask_with_the_truth_among_the_lines(name, tm
     target[key], renamed = _sequential(target[key])
     back.update({f"{key}/{new}/": f"{key}/{old}/" for old, new in renamed.items()})
   choices = _restores_as_pytorch(*model, target, src, truth, back)
-  assert (choices > 0) == (name in _SEQUENTIALS_ASK), choices
+  assert (choices > 0) == (name in _ASKED_WITHOUT_NAMES), choices
 
 
 def test_numbered_modules_are_a_layers_own_not_layers():
@@ -454,3 +455,39 @@ def test_a_stack_no_word_names_maps_with_no_hints(name, stack, tmp_path):
   *model, target, src, truth = _case(name, True, tmp_path, "nnx")
   target[stack] = target.pop("layers")
   assert _restores_as_pytorch(*model, target, src, truth, {f"{stack}/": "layers/"}) == 0
+
+
+def _haiku_modules(target):
+  """The target as haiku's ``params`` hold it: one dict key per module, its path joined by
+  ``/~/`` under the model's own module (``transformer/~/layer_0/~/attn/~/q``: ``{"w", "b"}``);
+  and the function that reads a name of it back in the suite's words."""
+  out = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(target)[0]:
+    *modules, leaf = prj.path_to_name(path).split("/")
+    out.setdefault("/~/".join(["transformer", *modules]), {})[leaf] = x
+
+  def back(name):
+    module, leaf = name.rsplit("/", 1)
+    return "/".join([*prj.name_to_path(module)[0].split("/~/")[1:], leaf])
+
+  return out, back
+
+
+@pytest.mark.parametrize("named", ["named", "auto-named"])
+@pytest.mark.parametrize("name", CASES)
+def test_haiku_module_paths_read_as_any_other_path(name, named, tmp_path):
+  """haiku's ``transformer/~/layer_0/~/attn/~/q`` is one dict key, escaped in a name
+  (``transformer~1~0~1layer_0~1~0~1attn~1~0~1q/w``): its words, its layer number and its
+  numbered siblings (``linear``, ``linear_1``) are read as from any other path, so it maps
+  as the same model with plain paths does (named: with no hint; auto-named: asking only
+  what order cannot say), and restores as PyTorch runs."""
+  style = "haiku" if named == "named" else "flax"
+  *model, target, src, truth = _case(name, True, tmp_path, style)
+  back: dict = {}
+  if named == "auto-named":
+    for key in [k for k in target if k.startswith("layers_")]:
+      target[key], renamed = _auto_named(target[key], "haiku")
+      back.update({f"{key}/{new}/": f"{key}/{old}/" for old, new in renamed.items()})
+  target, unescape = _haiku_modules(target)
+  choices = _restores_as_pytorch(*model, target, src, truth, lambda n: _renamer(back)(unescape(n)))
+  assert choices == 0 or (named == "auto-named" and name in _ASKED_WITHOUT_NAMES), choices

@@ -41,7 +41,7 @@ KIND_WORDS = frozenset(
   }
 )
 _SPLIT = re.compile(r"[./]")
-_PARTS = re.compile(r"([./])")
+_PARTS = re.compile(r"([./]|~1)")  # ~1: an escaped "/" inside a component (haiku's "/~/")
 _CONTAINER = re.compile(r"^((?:layers|layer|h|block|blocks)_)\d+$", re.IGNORECASE)
 
 
@@ -76,7 +76,7 @@ def template(name: str) -> str:
   parts = _PARTS.split(name)
   seen, previous = False, ""
   for i, part in enumerate(parts):
-    if part in "./":
+    if part in (".", "/", "~1"):
       continue
     if part.isdigit() and (not seen or vocabulary.numbers_items(previous)):
       parts[i], seen = "#", True

@@ -36,6 +36,7 @@ from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 
+_PATH = re.compile(r"/|~1~0~1|~1")  # haiku's "layer_0/~/linear_1" module is one escaped key
 _NUMBERED = re.compile(r"^(?P<base>.*?)(?:_(?P<n>\d+))?$")
 # call order; gate and up share a rank: code calls them either way round
 _RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 4, "down": 5}
@@ -44,7 +45,7 @@ _RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 4, "down": 5}
 def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
   """``((parent, base, leaf), number)`` of ``parent/Base_N/leaf`` (haiku's ``base`` is 0, a
   ``Sequential``'s ``parent/N/leaf`` has base ``""``)."""
-  parts = name.split("/")
+  parts = _PATH.split(name)
   if len(parts) < 2:
     return None
   module, leaf = parts[-2], parts[-1]

@@ -268,13 +268,13 @@ def _targets_templated(text: str, n: str, j: int, names: frozenset[str], loose: 
     name = m.group(0)
     return (_at(name, j, n) or name) if name in names else _templated(name, n, loose)
 
-  return re.sub(r"[\w./-]+", one, text).replace(f"layer ({n},)", "layer ({i},)")
+  return re.sub(r"[\w./~-]+", one, text).replace(f"layer ({n},)", "layer ({i},)")
 
 
 def _layer_templates(name: str) -> list[tuple[str, str]]:
   """``(name with one number as {i}, that number)`` for each number component of ``name``
   (``layers_3``, ``blocks/3``: what a ``{i}`` hint key can stand for), in order."""
-  parts = re.split(r"(?<=[_/])(\d+)(?=/|$)", name)
+  parts = re.split(r"(?<=[_/])(\d+)(?=/|~1|$)", name)  # ~1: haiku's "layer_3/~/mlp"
   out = []
   for j in range(1, len(parts), 2):
     key = [*parts[:j], "{i}", *parts[j + 1 :]]

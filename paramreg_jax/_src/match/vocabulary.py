@@ -164,7 +164,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed", "logits_dense")},
 }
 
-_SEPARATORS = re.compile(r"[./]")
+_SEPARATORS = re.compile(r"[./~]")
 _NUMBERS_ITEMS = frozenset({"layers", "experts", "heads"})  # a word whose next number indexes
 
 
@@ -331,7 +331,10 @@ def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
     True
   """
   name = _t5_sublayer(name)
-  words = _SEPARATORS.split(name.strip("./"))
+  # a target name's component holding "/" or "~" is escaped (haiku's "layer_0/~/mlp" module
+  # names are one dict key: "layer_0~1~0~1mlp"); its words are words all the same
+  name = name.replace("~1", "/").replace("~0", "~")
+  words = _SEPARATORS.split(name.strip("./~"))
   tokens, kind, bare, where = _words(tuple("#" if w.isdigit() else w for w in words), noise)
   indices = [
     int(words[i]) if group is None else int(_CONTAINER_INDEX.match(words[i].lower()).group(2))  # type: ignore[union-attr]
