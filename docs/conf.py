@@ -101,3 +101,5 @@ html_title = "paramreg_jax"
 html_static_path = ["_static"]
 html_css_files = ["paramreg.css"]
 html_theme_options = {"show_toc_level": 2}
+# one search box: the header's button (at every width); the theme's sidebar adds a second field
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}

