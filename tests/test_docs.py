@@ -1,6 +1,7 @@
 """The documentation site: it builds with warnings as errors, every public name has an API page,
 and every page's code runs as a user would run it (only the runtime dependencies installed)."""
 
+import html
 import inspect
 import os
 import pathlib
@@ -79,6 +80,23 @@ def _article(path: pathlib.Path) -> str:
   return text[start : text.find("</article>")] if start >= 0 else ""  # search.html has none
 
 
+CODE_WIDTH = 88  # columns a code block shows without scrolling (docs/_static/paramreg.css)
+
+
+_COLUMNS = re.compile(r"[^\s-]  +\S")  # two spaces between words (a bullet's "-   " is none)
+_CODE = re.compile(r"^\s*(R\.|prj\.|hints = |\w+ = )")  # lines of to_python() and hints
+
+
+def _outputs(article: str) -> list[str]:
+  """The lines executed cells printed on a page (their ``<pre>`` blocks, tags removed)."""
+  lines = []
+  for chunk in article.split('class="cell_output')[1:]:
+    chunk = re.split(r'class="cell(?:_input| docutils)', chunk)[0]  # up to the next cell
+    for pre in re.findall(r"<pre[^>]*>(.*?)</pre>", chunk, re.S):
+      lines += html.unescape(re.sub(r"<[^>]+>", "", pre)).splitlines()
+  return lines
+
+
 def _check_the_site(out: pathlib.Path) -> None:
   """Guides link into the API reference and to jax/flax/optax/orbax; how-tos show executed
   output; API pages name no private module and list the guides that use them."""
@@ -95,6 +113,22 @@ def _check_the_site(out: pathlib.Path) -> None:
   assert len(outside) >= 5, outside
   for page in howtos:
     assert 'class="cell_output' in _article(page), f"{page.name} shows no executed output"
+  css = (out / "_static" / "paramreg.css").read_text()
+  assert re.search(r"\.cell_output pre \{\s*white-space: pre-wrap;", css)  # prose wraps
+  wide = [  # a line with columns (two spaces inside it) or code would wrap into nonsense
+    f"{page.relative_to(out)}: {line}"
+    for page in out.rglob("*.html")
+    for line in _outputs(_article(page))
+    if len(line) > CODE_WIDTH and (_COLUMNS.search(line.strip()) or _CODE.search(line))
+  ]
+  assert not wide, "executed output with columns wider than the code column:\n" + "\n".join(wide)
+  warned = [
+    f"{page.relative_to(out)}: {line}"
+    for page in out.rglob("*.html")
+    for line in _outputs(_article(page))
+    if re.search(r"\w+Warning: ", line)
+  ]
+  assert not warned, "a page shows a warning:\n" + "\n".join(warned)
   for page in [*(out / "_autosummary").glob("*.html"), *(out / "api").glob("*.html")]:
     text = re.sub(r"<[^>]+>", "", _article(page))
     assert not re.search(r"_src\.|\b\w+_lib\.|api_types\.", text), page.name
@@ -230,13 +264,13 @@ SHOWN = re.compile(
 )
 
 
-def test_page_code_fits_in_88_columns():
+def test_page_code_fits_in_the_code_column():
   """Code on the pages fits the page without scrolling (the CSS makes room for 88 columns)."""
   long = [
     f"{page.relative_to(DOCS)}: {line}"
     for page in PAGES
     for cell in SHOWN.findall(page.read_text())
     for line in cell.splitlines()
-    if len(line) > 88
+    if len(line) > CODE_WIDTH
   ]
   assert not long, "\n".join(long)

@@ -332,9 +332,11 @@ def test_export_plan_reads_nothing_and_prints_what_goes_where():
   assert src.stats.reads == 0
   assert str(plan) == (
     "ExportPlan: 1 tensors (0.00 MiB) from 3 parameters, 0 copied from the source\n"
-    "  qkv.weight  (6, 2)  float32  <- n:k  transpose (1, 0), -> 2:4 on axis 0; "
-    "n:q  transpose (1, 0), -> 0:2 on axis 0; n:v  transpose (1, 0), -> 4:6 on axis 0"
+    "  qkv.weight  (6, 2)  float32\n"  # too wide for one line: where from goes under it
+    "    <- n:k  transpose (1, 0), -> 2:4 on axis 0; n:q  transpose (1, 0), -> 0:2 on axis 0;\n"
+    "       n:v  transpose (1, 0), -> 4:6 on axis 0"
   )
+  assert max(len(line) for line in str(plan).splitlines()) <= 88
   assert "<table" in plan._repr_html_()
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from safetensors import safe_open
+from test_match_refusals import literal_entries
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
@@ -101,10 +102,9 @@ def test_a_fused_qkv_of_unknown_layout_is_refused_kernels_and_biases(name, tmp_p
   # each part is offered in every layout that tiles the tensor, none chosen
   layouts = prj._src.match.evidence.LAYOUTS
   fits = ["contiguous", "grouped"] if name == "falcon_grouped" else list(layouts)
+  entries = literal_entries(info.value)
   for part in ("query", "key", "value"):  # every layout whose parts tile the tensor, once
-    lines = [
-      line for line in text.splitlines() if f'  # "layers_{{i}}/attention/{part}/kernel"' in line
-    ]
+    lines = entries[f"layers_{{i}}/attention/{part}/kernel"]
     said = [line.partition("# if laid out ")[2].split(", or ") for line in lines]
     assert sorted(s for layout in said for s in layout) == sorted(layouts[k] for k in fits)
   assert src.stats.reads == 0
@@ -281,7 +281,8 @@ def test_an_ambiguity_lists_every_candidate_with_its_recipe_and_offers_no_pick()
 hints = {
   # attn/q/kernel (4, 4): ambiguous; uncomment one:
   # "attn/q/kernel": R.source('attn.q.weight'),  # name (1.00)
-  # "attn/q/kernel": R.transpose(R.source('attn.q.weight'), (1, 0)),  # name + transpose (1.00)
+  # "attn/q/kernel": R.transpose(R.source('attn.q.weight'), (1, 0)),
+  #     ^ name + transpose (1.00)
 }"""
     in text
   )

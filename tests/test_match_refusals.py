@@ -24,15 +24,23 @@ from paramreg_jax import recipes as R
 from paramreg_jax._src.match.hints import named_keys
 
 CASES = sorted(hf.ARCHS)
-_ENTRY = re.compile(r'^  # ("[^"]+"): (.+),  # (.+)$')
+_ENTRY = re.compile(r'^  # ("[^"]+"): (.+?),(?:  # (.+))?$')  # a wide entry's reason: under it
 
 
-def _literal(error):
-  """``{hints key: [line, ...]}``: the commented choices of a refusal's literal, in order."""
+def literal_entries(error):
+  """``{hints key: [line, ...]}``: the commented choices of a refusal's literal, in order,
+  each with its reason after it (where the literal put it under, it is put back)."""
   out: dict[str, list[str]] = {}
+  key = None
   for line in error.hints_code.splitlines():
     if m := _ENTRY.match(line):
-      out.setdefault(eval(m.group(1)), []).append(line)
+      key = eval(m.group(1))
+      out.setdefault(key, []).append(line)
+    elif key and line.startswith(("  #     ^ ", "  #       ")):  # a wide entry's reason
+      sep = "  # " if line.startswith("  #     ^ ") else " "
+      out[key][-1] += sep + line.lstrip(" #^")
+    else:
+      key = None
   return out
 
 
@@ -75,7 +83,10 @@ def choose(target, src, truth, rename=lambda n: n, rounds=6):
       scope: dict = {"prj": prj, "R": R}
       exec(e.hints_code, scope)
       assert scope["hints"] == {}, "the literal pasted unchanged must be hints = {}"
-      for key, lines in _literal(e).items():
+      for line in e.hints_code.splitlines():  # an entry alone may pass 88: it is one line
+        m = _ENTRY.match(line)
+        assert len(line) <= 88 or (m and not m.group(3)), f"{len(line)} columns: {line}"
+      for key, lines in literal_entries(e).items():
         members = _expand(key, names)
         assert members, f"{key!r} fits no target name"
         right = [
@@ -301,11 +312,13 @@ def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
   target = {"attn": target, "mlp": {"up": {"kernel": _sds((4, 8), jnp.bfloat16)}}}
   with pytest.raises(prj.MatchError) as info:
     prj.match(target, src)
-  lines = _literal(info.value)["attn/q/kernel"]
+  lines = literal_entries(info.value)["attn/q/kernel"]
   assert all("R.cast(" in line and "bfloat16" in line for line in lines)
   hints = {}
   for n in "qkv":  # the user knows it is [q | k | v]
-    (line,) = (x for x in _literal(info.value)[f"attn/{n}/kernel"] if "one after the other" in x)
+    (line,) = (
+      x for x in literal_entries(info.value)[f"attn/{n}/kernel"] if "one after the other" in x
+    )
     hints |= _uncommented(line)
   got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
   for j, n in enumerate("qkv"):

@@ -412,7 +412,8 @@ def test_a_changed_learning_rate_follows_the_code_and_is_reported():
   assert float(state.hyperparams["learning_rate"]) == pytest.approx(1e-4)
   np.testing.assert_array_equal(state.inner_state[0].mu["w"], before.inner_state[0].mu["w"])
   assert report.hyperparams == (("hyperparams/learning_rate", "0.01", "0.0001", "code"),)
-  assert "hyperparams/learning_rate: 0.01 (state) -> 0.0001 (code); now the code's" in str(report)
+  said = " ".join(str(report).split())  # the note wraps at 88 columns
+  assert "hyperparams/learning_rate: 0.01 (state) -> 0.0001 (code); now the code's" in said
   assert report.changed
   # the next update is the one the code asks for: the kept moments at the new rate
   want = optax.inject_hyperparams(optax.adam)(learning_rate=1e-4).init(params)
@@ -425,7 +426,7 @@ def test_a_changed_learning_rate_follows_the_code_and_is_reported():
   )
   kept, report = prj.reconcile(new_tx, old, params, hyperparams="state")
   assert float(kept.hyperparams["learning_rate"]) == pytest.approx(1e-2)
-  assert "now the state's, kept (hyperparams='state')" in str(report)
+  assert "now the state's, kept (hyperparams='state')" in " ".join(str(report).split())
   _, report = prj.reconcile(old_tx, old, params)  # nothing changed: nothing reported
   assert report.hyperparams == () and not report.changed
   with pytest.raises(ValueError, match=r"hyperparams must be one of \('code', 'state'\)"):

@@ -23,6 +23,7 @@ import numpy as np
 
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
+from paramreg_jax._src import progress
 from paramreg_jax._src.export import writer
 from paramreg_jax._src.export.plan import ExportPlan
 from paramreg_jax._src.export.plan import companion_names
@@ -318,6 +319,4 @@ def _diverged_aliases(
 def _progress(enabled: bool, total: int) -> Any:
   if not enabled:
     return None
-  from tqdm.auto import tqdm
-
-  return tqdm(total=total, unit="B", unit_scale=True, desc="export")
+  return progress.bar(total=total, unit="B", unit_scale=True, desc="export")

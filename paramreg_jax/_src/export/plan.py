@@ -17,6 +17,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import html_table
+from paramreg_jax._src import text_width
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.restore import plan as plan_lib
 
@@ -104,9 +105,12 @@ class ExportPlan:
     widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
     lines = [head]
     for r in rows:
-      lines.append(
-        f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  <- {r[3]}".rstrip()
-      )
+      line = f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  <- {r[3]}"
+      if len(line) <= text_width.WIDTH:
+        lines.append(line.rstrip())
+      else:  # the tensor on its line, where it comes from under it (a piece per line if wide)
+        lines.append(f"  {r[0]}  {r[1]}  {r[2]}")
+        lines += text_width.items("    <- ", r[3].split("; "), sep="; ")
     if self.companions:
       lines.append(f"  copied beside the weights: {', '.join(self.companions)}")
     if self.replaced:

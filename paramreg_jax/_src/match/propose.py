@@ -72,7 +72,11 @@ def match(
     >>> target = {"layers": {"mlp": {"up": {"kernel": jax.ShapeDtypeStruct((3, 4, 8), np.float32)}}}}
     >>> print(prj.match(target, src))
     Match: 1 parameters from MemorySource(3 tensors)
-      layers/mlp/up/kernel  <- stack(3 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)), axis=0)   [name + transpose, stacked 3 layers]
+      layers/mlp/up/kernel   [name + transpose, stacked 3 layers]
+        <- stack(
+          3 × transpose(source('model.layers.{i}.mlp.up_proj.weight'), (1, 0)),
+          axis=0
+        )
   """
   errors.refuse_arguments("match", unexpected, ("hints", "config"))
   source_lib.check_source(source, "match")

@@ -3,7 +3,8 @@
 A problem that is the same in every layer (the same words and the same choices once the layer
 number is read as ``{i}``) is asked once, under a ``{i}`` target name. Each problem carries its
 choices as data (:class:`Problem`), and the refusal ends with a Python ``hints = {...}`` literal:
-every choice on its own commented line, best evidence first, none active. Choosing is
+every choice on its own commented line, best evidence first, none active (its reason after
+it, or on the line under it where the two would pass 88 columns). Choosing is
 uncommenting one line per entry; pasting the literal unchanged is ``hints = {}``.
 
 Examples:
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
+from paramreg_jax._src import text_width
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match.candidates import Candidate
@@ -51,6 +53,7 @@ from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 
 _CHOICES = 12  # choices an entry lists
+_NOTE = ("  # ", "  #   ")  # an entry's heading, and where it goes on when it is wide
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,14 +311,16 @@ def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
       kind = next((w for w in ("ambiguous", "unmatched") if w in first), "refused")
       where = f", in {layers} layers" if "{i}" in key else ""
       if not choices:
-        lines.append(f"  # {key} {shape}{where}: no tensor fits; give a recipe:")
+        lines += text_width.prose(f"{key} {shape}{where}: no tensor fits; give a recipe:", *_NOTE)
         lines.append(f"  # {json.dumps(key)}: R.source('<checkpoint name>'),")
         continue
-      lines.append(f"  # {key} {shape}{where}: {kind}; uncomment one:")
-      lines += [
-        f"  # {json.dumps(key)}: {c.code},  # {c.reason}"
-        + (f" ({c.score:.2f})" if c.score is not None else "")
-        for c in choices
-      ]
+      lines += text_width.prose(f"{key} {shape}{where}: {kind}; uncomment one:", *_NOTE)
+      for c in choices:
+        entry = f"  # {json.dumps(key)}: {c.code},"
+        why = c.reason + (f" ({c.score:.2f})" if c.score is not None else "")
+        if len(entry) + len(why) + 4 <= text_width.WIDTH:
+          lines.append(f"{entry}  # {why}")
+        else:  # the entry stays one line (uncommenting it is the choice); its reason goes under
+          lines += [entry, *text_width.prose(why, "  #     ^ ", "  #       ")]
   lines.append("}")
   return "\n".join(lines)

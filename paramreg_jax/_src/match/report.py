@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from paramreg_jax._src import html_table
+from paramreg_jax._src import text_width
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
 
@@ -91,18 +92,21 @@ class Match(sets.RecipeSet):
     width = max((len(t) for t, _, _ in rows), default=0)
     lines = [f"Match: {len(rows)} parameters from {self.source!r}"]
     if self.facts:
-      lines.append(f"  from {self.facts_from}: " + "; ".join(f"{k} = {v}" for k, v in self.facts))
+      facts = [f"{k} = {v}" for k, v in self.facts]
+      lines += text_width.items(f"  from {self.facts_from}: ", facts, sep="; ")
     if self.towers:
-      lines.append(
-        "  towers (aligned by their anchors): " + ", ".join(f"{t} = {c}" for t, c in self.towers)
-      )
-    lines += [f"  {t:<{width}}  <- {expr}   [{why}]" for t, expr, why in rows]
+      towers = [f"{t} = {c}" for t, c in self.towers]
+      lines += text_width.items("  towers (aligned by their anchors): ", towers)
+    for t, expr, why in rows:  # one line where it fits; else the recipe below, broken
+      line = f"  {t:<{width}}  <- {expr}   [{why}]"
+      fits = len(line) <= text_width.WIDTH
+      lines += [line] if fits else [f"  {t}   [{why}]", *text_width.expression(f"<- {expr}", 4)]
     if self.hint_effects:
       lines.append("  changed by the hints (parameters they do not name):")
       lines += [f"    {t}: {a}  ->  {b}" for t, a, b in self.hint_effects]
     if self.ignored_keys:
-      shown = ", ".join(self.ignored_keys[:6]) + (", ..." if len(self.ignored_keys) > 6 else "")
-      lines.append(f"  not used: {shown}")
+      more = ["..."] if len(self.ignored_keys) > 6 else []
+      lines += text_width.items("  not used: ", [*self.ignored_keys[:6], *more])
     return "\n".join(lines)
 
   def _repr_html_(self) -> str:
@@ -153,14 +157,15 @@ class Match(sets.RecipeSet):
       f"{name} = R.RecipeSet(",
       "  {",
     ]
-    for p in self.proposals:
+    for p in self.proposals:  # each entry broken at its brackets where it is too wide
       if p.recipe is not None:
-        lines.append(f"    {json.dumps(p.target)}: {code(p.recipe)},")
+        entry = f"{json.dumps(p.target)}: {code(p.recipe)},"
+        lines += text_width.expression(entry, 4, code=True)
     lines.append("  },")
     aliases = {p.target: p.alias_of for p in self.proposals if p.alias_of}
-    lines.append(f"  aliases={aliases!r},")
+    lines += text_width.expression(f"aliases={aliases!r},", 2, code=True)
     if self.ignored_keys:
-      lines.append(f"  ignore={list(self.ignored_keys)!r},")
+      lines += text_width.expression(f"ignore={list(self.ignored_keys)!r},", 2, code=True)
     lines.append(")")
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ import dataclasses
 import html
 
 from paramreg_jax._src import html_table
+from paramreg_jax._src import text_width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +98,12 @@ class SurgeryReport:
       f"SurgeryReport: {len(self.kept)} kept, {len(self.added)} added, "
       f"{len(self.dropped)} dropped, {len(self.reinitialized)} re-initialised"
     )
-    lines = [head] + [f"  {label + ':':<14} {', '.join(ks)}" for label, ks in self._rows() if ks]
-    lines += [f"  {label + ':':<14} {text}" for label, text in self._notes()]
+    lines = [head]
+    for label, ks in self._rows():
+      if ks:
+        lines += text_width.items(f"  {label + ':':<14} ", ks)
+    for label, text in self._notes():
+      lines += text_width.prose(text, f"  {label + ':':<14} ", " " * 17)
     return "\n".join(lines)
 
   def _repr_html_(self) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from paramreg_jax._src import errors
+from paramreg_jax._src import progress
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import contract
@@ -73,9 +74,9 @@ def _progress_bar(
   if not enabled:
     yield None
     return
-  from tqdm.auto import tqdm
+  from tqdm import tqdm
 
-  bar = tqdm(
+  bar = progress.bar(
     total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"restoring {count} tensors"
   )
   if not getattr(source, "remote", False) or not hasattr(source, "stats"):
