@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 WIDTH = 88  # columns: the code column of the docs and a terminal with room for a margin
 
-_OPEN = {"(": ")", "[": "]", "{": "}"}
+_OPEN = "([{"
 
 
 def expression(text: str, indent: int = 0, *, width: int = WIDTH, code: bool = False) -> list[str]:
@@ -50,15 +50,15 @@ def expression(text: str, indent: int = 0, *, width: int = WIDTH, code: bool = F
   args = _split(text[start + 1 : end])
   if not args:
     return [pad + text]
+  trailing = code and not _comprehension(args[-1])  # `[x for x in y,]` is no Python
+  args = [*args[:-1], args[-1] + ("," if trailing else "")]
   lines = [pad + text[: start + 1]]
   if all(_first_bracket(arg) is None for arg in args):  # names or numbers: filled, not one a line
-    parts = [*args[:-1], args[-1] + ("," if code else "")]
-    lines += items("", parts, indent + 2, width=width)
-    return [*lines, pad + text[end:]]
-  for k, arg in enumerate(args):
-    last = k == len(args) - 1
-    comma = not last or (code and not _comprehension(arg))  # `[x for x in y,]` is no Python
-    lines += expression(arg + ("," if comma else ""), indent + 2, width=width, code=code)
+    lines += items("", args, indent + 2, width=width)
+  else:
+    for k, arg in enumerate(args):
+      comma = "," if k < len(args) - 1 else ""
+      lines += expression(arg + comma, indent + 2, width=width, code=code)
   return [*lines, pad + text[end:]]
 
 

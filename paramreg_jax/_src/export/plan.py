@@ -108,7 +108,7 @@ class ExportPlan:
       line = f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  <- {r[3]}"
       if len(line) <= text_width.WIDTH:
         lines.append(line.rstrip())
-      else:  # the tensor on its line, where it comes from under it (a piece per line if wide)
+      else:  # the tensor on its line, where it comes from under it (its pieces wrapped)
         lines.append(f"  {r[0]}  {r[1]}  {r[2]}")
         lines += text_width.items("    <- ", r[3].split("; "), sep="; ")
     if self.companions:

@@ -318,8 +318,8 @@ def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
       for c in choices:
         entry = f"  # {json.dumps(key)}: {c.code},"
         why = c.reason + (f" ({c.score:.2f})" if c.score is not None else "")
-        if len(entry) + len(why) + 4 <= text_width.WIDTH:
-          lines.append(f"{entry}  # {why}")
+        if len(line := f"{entry}  # {why}") <= text_width.WIDTH:
+          lines.append(line)
         else:  # the entry stays one line (uncommenting it is the choice); its reason goes under
           lines += [entry, *text_width.prose(why, "  #     ^ ", "  #       ")]
   lines.append("}")

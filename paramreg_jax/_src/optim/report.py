@@ -103,7 +103,8 @@ class SurgeryReport:
       if ks:
         lines += text_width.items(f"  {label + ':':<14} ", ks)
     for label, text in self._notes():
-      lines += text_width.prose(text, f"  {label + ':':<14} ", " " * 17)
+      start = f"  {label + ':':<14} "
+      lines += text_width.prose(text, start, " " * len(start))
     return "\n".join(lines)
 
   def _repr_html_(self) -> str:

@@ -74,8 +74,6 @@ def _progress_bar(
   if not enabled:
     yield None
     return
-  from tqdm import tqdm
-
   bar = progress.bar(
     total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"restoring {count} tensors"
   )
@@ -85,7 +83,7 @@ def _progress_bar(
     start = source.stats.bytes_read
 
     def update(n: int) -> None:
-      fetched = tqdm.format_sizeof(source.stats.bytes_read - start, "B", 1024)
+      fetched = bar.format_sizeof(source.stats.bytes_read - start, "B", 1024)
       bar.set_postfix_str(f"{fetched} over the network", refresh=False)
       bar.update(n)
 
