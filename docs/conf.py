@@ -88,7 +88,10 @@ autodoc_type_aliases = {
   **{
     f"api_types.{n}": f"~paramreg_jax.typing.{n}" for n in paramreg_jax.typing.__all__
   },
-  "source_lib.CheckpointSource": "~paramreg_jax.sources.CheckpointSource",
+  **{
+    f"source_lib.{n}": f"~paramreg_jax.sources.{n}"
+    for n in paramreg_jax.sources.__all__
+  },
   "plan_lib.RestorePlan": "~paramreg_jax.RestorePlan",
 }
 add_module_names = False

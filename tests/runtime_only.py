@@ -68,6 +68,16 @@ def runtime_view(directory: pathlib.Path) -> pathlib.Path:
   return directory
 
 
+CODE = re.compile(r"^```(?:python|\{code-cell\} ipython3)\n(.*?)^```", re.S | re.M)
+
+
+def page_code(page: pathlib.Path) -> str:
+  """A docs page's ```python and code-cell blocks, in order, as one program (a cell's leading
+  ``:tags: [...]`` options are not Python)."""
+  cells = [re.sub(r"\A(?::\w+:.*\n)+\n?", "", c) for c in CODE.findall(page.read_text())]
+  return "\n".join(cells)
+
+
 def run_as_user(
   code: str, *, view: pathlib.Path, cwd: pathlib.Path, name: str, timeout: float = 600
 ) -> subprocess.CompletedProcess:

@@ -10,19 +10,34 @@ import pytest
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
 from paramreg_jax import recipes as R
+from paramreg_jax.sources import CheckpointSource
+from paramreg_jax.sources import TensorMetadata
 
 SRC = MemorySource({"w": np.ones(3, np.float32)})
 TARGET = {"w": jnp.zeros(3)}
 
 
-class NoMetadata:
-  """A duck-typed source whose metadata returns None."""
+class NoMetadata(CheckpointSource):
+  """A source of one's own whose metadata returns None."""
 
   def keys(self):
     return ("w",)
 
   def metadata(self, key):
     return None
+
+  def read(self, key, index):
+    raise AssertionError("never read: the metadata is refused first")
+
+
+class DuckTyped:
+  """keys and metadata, but not derived from CheckpointSource."""
+
+  def keys(self):
+    return ("w",)
+
+  def metadata(self, key):
+    return TensorMetadata((3,), np.float32)
 
 
 def test_bind_with_a_value_that_is_not_an_array():
@@ -56,6 +71,31 @@ def test_a_duck_typed_source_whose_metadata_returns_none(call):
     ),
   ):
     call(TARGET, NoMetadata())
+
+
+@pytest.mark.parametrize("call", [prj.plan_restore, prj.restore, prj.match])
+def test_a_source_that_does_not_derive_from_checkpoint_source_is_told_how(call):
+  with pytest.raises(
+    TypeError,
+    match=re.escape("got DuckTyped <test_bad_arguments.DuckTyped object at 0x"),
+  ) as info:
+    call(TARGET, DuckTyped())
+  assert str(info.value).endswith(
+    "; make DuckTyped derive from paramreg_jax.sources.CheckpointSource (it implements "
+    "keys(), metadata(key) and read(key, index); the rest has defaults)"
+  )
+
+
+def test_a_source_missing_read_cannot_be_made():
+  class NoRead(CheckpointSource):
+    def keys(self):
+      return ("w",)
+
+    def metadata(self, key):
+      return TensorMetadata((3,), np.float32)
+
+  with pytest.raises(TypeError, match="abstract class NoRead with abstract method read"):
+    NoRead()
 
 
 def test_linen_variables_instead_of_params_get_one_note_with_the_prefix():

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from runtime_only import CODE
+from runtime_only import page_code
 from runtime_only import run_as_user
 from runtime_only import runtime_view
 
@@ -23,7 +25,6 @@ DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 PAGES = sorted(
   p for p in DOCS.rglob("*.md") if "_build" not in p.parts and "_autosummary" not in p.parts
 )
-CODE = re.compile(r"^```(?:python|\{code-cell\} ipython3)\n(.*?)^```", re.S | re.M)
 
 
 @pytest.fixture(scope="session")
@@ -209,9 +210,7 @@ def test_every_public_function_and_class_page_has_a_runnable_example():
 )
 def test_page_code_runs_with_only_runtime_dependencies(page, view, tmp_path):
   """A page's ```python blocks run in order in one interpreter, like a notebook."""
-  cells = [re.sub(r"\A(?::\w+:.*\n)+\n?", "", c) for c in CODE.findall(page.read_text())]
-  code = "\n".join(cells)  # a cell's leading ":tags: [...]" options are not Python
-  run_as_user(code, view=view, cwd=tmp_path, name=f"docs/{page.relative_to(DOCS)}")
+  run_as_user(page_code(page), view=view, cwd=tmp_path, name=f"docs/{page.relative_to(DOCS)}")
 
 
 def _section(doc: str, title: str) -> str:

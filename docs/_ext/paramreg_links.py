@@ -145,13 +145,24 @@ def _resolve_private(app, env, node, contnode):
 
 
 def _public_bases(app, name, obj, options, bases: list) -> None:
-  """Show only public base classes (a private helper base is dropped)."""
-  bases[:] = [
-    b
-    for b in bases
-    if not getattr(b, "__module__", "").startswith("paramreg_jax._src")
-    or (public_name(f"{b.__module__}.{b.__qualname__}"))
-  ]
+  """Show only public base classes: a private base shows as its nearest public ancestor
+  (``BoxSource`` as ``CheckpointSource``), or not at all."""
+  out: list = []
+  for b in bases:
+    if not _public_class(b):
+      b = next((c for c in getattr(b, "__mro__", ()) if _public_class(c)), object)
+      if b is object:
+        continue
+    if b not in out:
+      out.append(b)
+  bases[:] = out
+
+
+def _public_class(c: type) -> bool:
+  module = getattr(c, "__module__", "")
+  return not module.startswith("paramreg_jax._src") or bool(
+    public_name(f"{module}.{c.__qualname__}")
+  )
 
 
 def _used_in(app, doctree, docname: str) -> None:

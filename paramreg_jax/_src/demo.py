@@ -31,6 +31,7 @@ from paramreg_jax._src.registry.registry import ParamRegistry
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore.planning import plan_restore
+from paramreg_jax._src.sources.base import CheckpointSource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 
 
@@ -195,7 +196,7 @@ def chapter_surgery(devices: np.ndarray, workdir: str) -> tuple:
   return plan, src, shardings, mesh42, graphdef2
 
 
-def chapter_bind(plan: Any, src: Any, params: Any, shardings: Any, mesh42: Any) -> Any:
+def chapter_bind(plan: Any, src: CheckpointSource, params: Any, shardings: Any, mesh42: Any) -> Any:
   """5: the plan materialized into the new mesh and bound all or nothing."""
   say("5. Materialize into the new mesh, then bind all or nothing")
   fresh = nnx.state(Net(hidden=2, head="readout", rngs=nnx.Rngs(1)), nnx.Param)

@@ -1,4 +1,6 @@
-"""The checkpoint-source protocol: what a source of your own implements and hands out.
+"""The checkpoint-source contract: the base class a source of your own derives from (it
+implements ``keys``, ``metadata`` and ``read``; docs: "Read a checkpoint format of your own"),
+and what sources hand out.
 
 The sources themselves (``MemorySource``, ``OrbaxSource``, ``SafetensorsSource``) and the
 selections (``Full``, ``Range``, ``Indices``) are at the top level (``prj.SafetensorsSource``);

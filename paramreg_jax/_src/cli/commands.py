@@ -13,6 +13,7 @@ from typing import Any
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.cli.output import problems
+from paramreg_jax._src.sources.base import CheckpointSource
 from paramreg_jax._src.sources.opening import open_source
 
 
@@ -183,7 +184,9 @@ def _config(args: argparse.Namespace) -> dict[str, Any] | None:
   return config
 
 
-def _mapping(args: argparse.Namespace, target: Any, options: dict[str, Any], src: Any) -> Any:
+def _mapping(
+  args: argparse.Namespace, target: Any, options: dict[str, Any], src: CheckpointSource
+) -> Any:
   """``options`` from --target when they hold recipes or renames, else ``match`` with hints."""
   from paramreg_jax._src.match import match
 

@@ -170,7 +170,7 @@ def _write_shards(
   staging: Staging,
   exported: ExportPlan,
   leaves: dict[str, Any],
-  src: Any,
+  src: source_lib.CheckpointSource,
   max_shard_bytes: int,
   block: int,
   bar: Any,
@@ -190,9 +190,11 @@ def _write_shards(
   writer.write_index(staging.dir, tensors, shards)
 
 
-def _write_extras(staging: Staging, *, src: Any, companions: tuple[str, ...]) -> None:
+def _write_extras(
+  staging: Staging, *, src: source_lib.CheckpointSource, companions: tuple[str, ...]
+) -> None:
   """The source's ``config.json`` and its companion files (tokenizer, generation config)."""
-  config = getattr(src, "config", None)
+  config = src.config
   if isinstance(config, Mapping):
     text = json.dumps(dict(config), indent=2, sort_keys=True) + "\n"
     staging.path("config.json").write_text(text)
@@ -201,7 +203,12 @@ def _write_extras(staging: Staging, *, src: Any, companions: tuple[str, ...]) ->
 
 
 def _restore_plan(
-  params: Any, mapping: Any, source: Any, rename: Any, aliases: Any, exclude: Any
+  params: Any,
+  mapping: Any,
+  source: source_lib.CheckpointSource | None,
+  rename: Any,
+  aliases: Any,
+  exclude: Any,
 ) -> plan_lib.RestorePlan:
   if isinstance(mapping, plan_lib.RestorePlan):
     given = [

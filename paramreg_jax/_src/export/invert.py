@@ -23,6 +23,7 @@ from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 NotInvertible = ops.NotInvertible
 Region = base.InverseRegion
@@ -51,7 +52,7 @@ class Placement:
 class _Walking:
   """The inverter's side of :class:`base.Walking`: metadata, and the placements so far."""
 
-  def __init__(self, src: Any, metas: inference.Metas):
+  def __init__(self, src: CheckpointSource, metas: inference.Metas):
     self.src = src
     self.metas = metas
     self.out: list[Placement] = []
@@ -105,7 +106,7 @@ def _region_shape(region: Region, shape: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(out)
 
 
-def invert(recipe: ops.Recipe, src: Any) -> list[Placement]:
+def invert(recipe: ops.Recipe, src: CheckpointSource) -> list[Placement]:
   """The placements that write a parameter built by ``recipe`` back into ``src``'s tensors.
 
   Raises:

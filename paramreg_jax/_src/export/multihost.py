@@ -40,6 +40,7 @@ from paramreg_jax._src.export.tensors import fetch_region as _fetch
 from paramreg_jax._src.export.tensors import index_box
 from paramreg_jax._src.export.tensors import overlap
 from paramreg_jax._src.export.tensors import write_tensor
+from paramreg_jax._src.sources.base import CheckpointSource
 
 _NAME_BYTES = 4096
 
@@ -59,7 +60,7 @@ def export_all(
   final: pathlib.Path,
   exported: ExportPlan,
   leaves: dict[str, Any],
-  src: Any,
+  src: CheckpointSource,
   *,
   overwrite: bool,
   max_shard_bytes: int,
@@ -103,7 +104,7 @@ def _run(
   final: pathlib.Path,
   exported: ExportPlan,
   leaves: dict[str, Any],
-  src: Any,
+  src: CheckpointSource,
   staging: Staging | None,
   staged: errors.ExportError | None,
   max_shard_bytes: int,
@@ -172,7 +173,7 @@ def _write_owned(
   exported: ExportPlan,
   files: dict[str, tuple[str, int]],
   leaves: dict[str, Any],
-  src: Any,
+  src: CheckpointSource,
   block: int,
   me: int,
   count: int,

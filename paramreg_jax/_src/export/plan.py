@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Any
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from paramreg_jax._src import html_table
 from paramreg_jax._src import text_width
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +290,6 @@ COMPANIONS = (
 )
 
 
-def companion_names(source: Any) -> tuple[str, ...]:
+def companion_names(source: CheckpointSource) -> tuple[str, ...]:
   """The companion files the source has beside its weights (a source without a folder: none)."""
-  has = getattr(source, "has_companion", None)
-  return tuple(n for n in COMPANIONS if has is not None and has(n))
+  return tuple(n for n in COMPANIONS if source.has_companion(n))

@@ -17,6 +17,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.export.plan import TensorPlan
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def index_box(index: tuple[Any, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -108,7 +109,9 @@ class Fetch:
     return fetch_region(self.leaves[param], index)
 
 
-def write_tensor(fd: int, start: int, t: TensorPlan, fetch: Fetch, src: Any, block: int) -> None:
+def write_tensor(
+  fd: int, start: int, t: TensorPlan, fetch: Fetch, src: CheckpointSource, block: int
+) -> None:
   """Writes checkpoint tensor ``t`` at ``start`` of ``fd``: copied from the source, row runs of
   its pieces, or (pieces along an inner axis, overlapping pieces) assembled whole."""
   row_bytes = (

@@ -26,6 +26,7 @@ from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources.base import CheckpointSource
 
 MIN_SCORE = 0.5
 
@@ -422,7 +423,9 @@ def names(problem: str, name: str) -> bool:
   return name in refusal.heads(problem)
 
 
-def cast_to_targets(slots: list[Any], proposals: dict[str, Proposal], source: Any) -> None:
+def cast_to_targets(
+  slots: list[Any], proposals: dict[str, Proposal], source: CheckpointSource
+) -> None:
   """A stored dtype other than the parameter's becomes an explicit, reported cast (a recipe
   given as a hint is used as given; a name hint's tensor is cast like any other)."""
   for slot in slots:

@@ -30,6 +30,7 @@ from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def _at_layer(hint: Any, i: str) -> Any:
 
 
 def check(
-  hints: dict[str, Any], slots: list[Any], source: Any, ck: evidence.Checkpoint
+  hints: dict[str, Any], slots: list[Any], source: CheckpointSource, ck: evidence.Checkpoint
 ) -> tuple[dict[str, ops.Recipe], dict[str, list[str]]]:
   """Splits hints into recipes (checked: they plan, fit the parameter, and orient linear
   weights as the evidence says) and checkpoint names (the keys each one names)."""

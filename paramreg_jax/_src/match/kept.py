@@ -26,6 +26,7 @@ from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes.ops import block_part
 from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 _SCALE = re.compile(r"scale", re.I)
 _MIN = re.compile(r"(^|_)min", re.I)
@@ -117,7 +118,7 @@ def _axis(values: target_lib.Slot, scale: target_lib.Slot) -> tuple[int, int] | 
 
 
 def expand(
-  proposals: list[Proposal], groups: dict[str, Group], source: Any, problems: list[str]
+  proposals: list[Proposal], groups: dict[str, Group], source: CheckpointSource, problems: list[str]
 ) -> list[Proposal]:
   """Each quantized weight's proposal (over the stored blocks) as one proposal per part; a
   weight that cannot be kept quantized is a problem naming its leaves."""
@@ -150,7 +151,7 @@ def _names(g: Group) -> str:
   return ", ".join(s.name for s in (g.values, g.scales, g.mins) if s is not None)
 
 
-def _parts(p: Proposal, g: Group, source: Any) -> list[Proposal]:
+def _parts(p: Proposal, g: Group, source: CheckpointSource) -> list[Proposal]:
   formats: set[str] = set()
   values = _rewrite(p.recipe, "values", formats, source)
   (fmt_name,) = formats if len(formats) == 1 and formats != {"unquantized"} else _mixed(formats)
@@ -208,7 +209,7 @@ def _mixed(formats: set[str]) -> tuple[str]:
   )
 
 
-def _rewrite(recipe: Any, part: str, formats: set[str], source: Any) -> ops.Recipe:
+def _rewrite(recipe: Any, part: str, formats: set[str], source: CheckpointSource) -> ops.Recipe:
   """``recipe`` with each ``dequantize`` replaced by the part of its blocks, through the
   transposes, stacking and selections of rows above it; any other op above the blocks is
   refused (it could move values within a group)."""
@@ -234,7 +235,7 @@ def _rewrite(recipe: Any, part: str, formats: set[str], source: Any) -> ops.Reci
   )
 
 
-def _rows_only(select: ops.Select, source: Any) -> bool:
+def _rows_only(select: ops.Select, source: CheckpointSource) -> bool:
   """Whether ``select`` picks blocks' rows: along an axis other than the last of a
   ``dequantize`` (the axis the blocks run along)."""
   if not isinstance(select.input, ops.Dequantize):

@@ -107,9 +107,7 @@ def match(
     ignored += sorted(k for k in forms.hidden if k not in reads)
   if not problems:
     problems += _unused_layers(ignored, ck)
-  origin = (
-    "match(config=...)" if config is not None else getattr(stored, "config_origin", "config.json")
-  )
+  origin = "match(config=...)" if config is not None else stored.config_origin
   result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin, aligned)
   if problems:
     error = refusal.refuse(problems, ranked, slots, source, ck)
@@ -151,7 +149,7 @@ def _read_stored(ordered: list[Proposal], view: Any, problems: list[str]) -> lis
 
 def _oriented(
   slots: list[Any],
-  source: Any,
+  source: source_lib.CheckpointSource,
   ck: evidence.Checkpoint,
   recipe_hints: dict[str, ops.Recipe],
   name_hints: dict[str, list[str]],
@@ -174,7 +172,7 @@ def _oriented(
 
 def _decide(
   slots: list[Any],
-  source: Any,
+  source: source_lib.CheckpointSource,
   ck: evidence.Checkpoint,
   recipe_hints: dict[str, ops.Recipe],
   name_hints: dict[str, list[str]],
@@ -234,7 +232,7 @@ def _ranked(
 
 def _hint_effects(
   slots: list[Any],
-  source: Any,
+  source: source_lib.CheckpointSource,
   ck: evidence.Checkpoint,
   proposals: dict[str, Proposal],
   problems: list[str],
@@ -286,7 +284,7 @@ def _slots(target: Any) -> list[Any]:
 
 def _read_checkpoint(
   slots: list[Any],
-  source: Any,
+  source: source_lib.CheckpointSource,
   keys: list[str],
   config: Mapping[str, Any] | None,
   hinted: frozenset[str],
@@ -296,7 +294,7 @@ def _read_checkpoint(
   the orientation from the parameters no hint names; where the stacked leaves keep their
   layers, from those named so and those a ``{i}`` hint stacks, ``per_layer``)."""
   if config is None:
-    config = getattr(source, "config", None)
+    config = source.config
   if config is not None and not isinstance(config, Mapping):
     raise TypeError(
       f"match: config must be a mapping (a parsed config.json), got {type(config).__name__}"

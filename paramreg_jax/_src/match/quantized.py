@@ -86,7 +86,7 @@ class Forms:
   values_differ: bool = False
 
 
-def stored_forms(source: Any, config: Any = None) -> Forms:
+def stored_forms(source: source_lib.CheckpointSource, config: Any = None) -> Forms:
   """How ``source``'s weights are read as values: every tensor of a GGUF file (its
   conventions undone, whatever its storage type), FP8 weights with their scales, gpt-oss's
   MXFP4 pairs; empty for a checkpoint of plain values."""
@@ -95,7 +95,7 @@ def stored_forms(source: Any, config: Any = None) -> Forms:
   keys = list(source.keys())
   have = set(keys)
   out = Forms()
-  block = _block_size(config if config is not None else getattr(source, "config", None))
+  block = _block_size(config if config is not None else source.config)
   for k in keys:
     dtype = source_lib.metadata_of(source, k).dtype
     if dtype.itemsize == 1 and dtype.kind == "V" and "e8m0" not in dtype.name:  # float8
@@ -148,7 +148,7 @@ def _gguf_forms(source: gguf_source.GGUFSource, config: dict[str, Any]) -> Forms
   return out
 
 
-def _mxfp4_pair(source: Any, blocks: str, scales: str) -> bool:
+def _mxfp4_pair(source: source_lib.CheckpointSource, blocks: str, scales: str) -> bool:
   """Whether ``blocks`` and ``scales`` are gpt-oss MXFP4: uint8 ``[..., G, 16]`` and one byte
   per group (other tensors that happen to be named so are left as they are)."""
   b, s = source_lib.metadata_of(source, blocks), source_lib.metadata_of(source, scales)
@@ -161,7 +161,7 @@ def _mxfp4_pair(source: Any, blocks: str, scales: str) -> bool:
   )
 
 
-def check_forms(forms: Forms, source: Any) -> None:
+def check_forms(forms: Forms, source: source_lib.CheckpointSource) -> None:
   """Every weight's values can be read, or a ``MatchError`` naming each that cannot."""
   problems = []
   for name, form in forms.forms.items():
@@ -189,12 +189,12 @@ def _block_size(config: Any) -> tuple[int, ...] | None:
   return tuple(int(s) for s in size) if isinstance(size, (list, tuple)) else None
 
 
-class ValuesView(source_lib.BaseSource):
+class ValuesView(source_lib.BoxSource):
   """A checkpoint as its weights' values: one tensor per weight (float32 where dequantized)."""
 
-  def __init__(self, source: Any, forms: Forms):
-    super().__init__()
+  def __init__(self, source: source_lib.CheckpointSource, forms: Forms):
     self.source = source
+    self.remote = source.remote
     self.forms = forms.forms
     self.refused = forms.refused
     shown = [k for k in source.keys() if k not in forms.hidden and k not in self.forms]
@@ -217,8 +217,12 @@ class ValuesView(source_lib.BaseSource):
     return evaluate.evaluate(recipe, self.source, sel_lib.region_slices(region))
 
   @property
-  def config(self) -> Any:
-    return getattr(self.source, "config", None)
+  def config(self) -> dict[str, Any] | None:
+    return self.source.config
+
+  @property
+  def config_origin(self) -> str:  # type: ignore[override]
+    return self.source.config_origin
 
   def __repr__(self) -> str:
     return repr(self.source)

@@ -51,6 +51,7 @@ from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.report import code
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources.base import CheckpointSource
 
 _CHOICES = 12  # choices an entry lists
 _NOTE = ("  # ", "  #   ")  # an entry's heading, and where it goes on when it is wide
@@ -92,7 +93,7 @@ def refuse(
   problems: list[str],
   ranked: dict[str, list[Candidate]],
   slots: list[Any],
-  source: Any,
+  source: CheckpointSource,
   ck: evidence.Checkpoint,
 ) -> errors.MatchError:
   """The :class:`MatchError` for ``problems``: grouped by concept, with their choices."""
@@ -141,7 +142,7 @@ def heads(problem: str) -> list[str]:
 
 
 def _choices(
-  slot: Any, ranked: dict[str, list[Candidate]], source: Any, ck: evidence.Checkpoint
+  slot: Any, ranked: dict[str, list[Candidate]], source: CheckpointSource, ck: evidence.Checkpoint
 ) -> tuple[Choice, ...]:
   """The leaf's candidates as hints: its checkpoint name (``{i}`` over a stack's layers)
   where that names one candidate, else the recipe (cast to the leaf's dtype)."""
@@ -184,14 +185,14 @@ def _one_template(keys: tuple[str, ...]) -> str | None:
   return "".join(parts)
 
 
-def _cast_choice(c: Choice, slot: Any, source: Any) -> Choice:
+def _cast_choice(c: Choice, slot: Any, source: CheckpointSource) -> Choice:
   if isinstance(c.hint, str):
     return c
   hint = _cast(c.hint, slot, source)
   return dataclasses.replace(c, hint=hint, code=code(hint))
 
 
-def _cast(recipe: ops.Recipe, slot: Any, source: Any) -> ops.Recipe:
+def _cast(recipe: ops.Recipe, slot: Any, source: CheckpointSource) -> ops.Recipe:
   want = np.dtype(slot.dtype)
   try:
     stored = inference.infer(recipe, source).dtype

@@ -7,12 +7,12 @@ import dataclasses
 import html
 import json
 from collections.abc import Iterable
-from typing import Any
 
 from paramreg_jax._src import html_table
 from paramreg_jax._src import text_width
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Match(sets.RecipeSet):
     self,
     proposals: list[Proposal],
     ignored_keys: Iterable[str],
-    source: Any,
+    source: CheckpointSource,
     facts: Iterable[tuple[str, str]] = (),
     hint_effects: Iterable[tuple[str, str, str]] = (),
     facts_from: str = "config.json",

@@ -13,7 +13,7 @@ from typing import Any
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops.source import Source
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 Metas = dict[int, base.Meta]
 """Metadata by recipe node ``id`` (valid while the recipe is alive)."""
@@ -25,7 +25,7 @@ _CACHE: weakref.WeakKeyDictionary[Any, dict[int, tuple[base.Recipe, base.Meta]]]
 )
 
 
-def infer(recipe: base.Recipe, src: Any, *, memo: Metas | None = None) -> base.Meta:
+def infer(recipe: base.Recipe, src: CheckpointSource, *, memo: Metas | None = None) -> base.Meta:
   """The shape, dtype and bytes ``recipe`` produces, from ``src``'s metadata only.
 
   Reads no payload. Every invalid node raises its own error class naming the node.
@@ -73,7 +73,7 @@ def infer(recipe: base.Recipe, src: Any, *, memo: Metas | None = None) -> base.M
   return meta
 
 
-def _infer(node: base.Recipe, src: Any, memo: Metas, cache: dict | None) -> base.Meta:
+def _infer(node: base.Recipe, src: CheckpointSource, memo: Metas, cache: dict | None) -> base.Meta:
   hit = memo.get(id(node))
   if hit is not None:
     return hit
@@ -94,12 +94,13 @@ def _infer(node: base.Recipe, src: Any, memo: Metas, cache: dict | None) -> base
   return meta
 
 
-def _cache(src: Any) -> dict | None:
-  if not isinstance(src, source_lib.BaseSource):
+def _cache(src: CheckpointSource) -> dict | None:
+  try:
+    cache = _CACHE.get(src)
+    if cache is None:
+      cache = _CACHE[src] = {}
+  except TypeError:  # a source of one's own that cannot be weakly referenced or hashed
     return None
-  cache = _CACHE.get(src)
-  if cache is None:
-    cache = _CACHE[src] = {}
   return cache
 
 

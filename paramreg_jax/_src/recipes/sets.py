@@ -59,9 +59,9 @@ class FusedSplit(Mapping[str, ops.Recipe]):
   def __len__(self) -> int:
     return len(self._recipes)
 
-  def check(self, src: Any) -> None:
+  def check(self, src: source_lib.CheckpointSource) -> None:
     """Raises ``FusedSplitWidthMismatch``-style ``RecipeSetError`` if widths do not cover the axis."""
-    meta = source_lib.metadata_of(src, self.key) if source_lib.has_key(src, self.key) else None
+    meta = source_lib.metadata_of(src, self.key) if self.key in src else None
     if meta is None:
       raise errors.UnknownSourceKeyError(
         f"fused_split({self.key!r}): the checkpoint has no tensor {self.key!r}"
@@ -82,7 +82,11 @@ class FusedSplit(Mapping[str, ops.Recipe]):
 
 
 def fused_split(
-  key: str, axis: int, widths: Mapping[str, int] | Iterable[tuple[str, int]], *, source: Any = None
+  key: str,
+  axis: int,
+  widths: Mapping[str, int] | Iterable[tuple[str, int]],
+  *,
+  source: source_lib.CheckpointSource | None = None,
 ) -> FusedSplit:
   """Splits a fused tensor (qkv, gate/up) into consecutive ``Range`` reads, one per target.
 

@@ -42,8 +42,8 @@ from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.restore import windows
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
-from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 class JaxBackend:
@@ -83,7 +83,7 @@ class JaxBackend:
     self.threads = threads
     self.whole_bytes = whole_bytes
 
-  def preflight_recipe(self, recipe: ops.Recipe, source: Any) -> None:
+  def preflight_recipe(self, recipe: ops.Recipe, source: CheckpointSource) -> None:
     """Metadata-only: the recipe infers, and JAX can hold its dtype as it is."""
     meta = inference.infer(recipe, source)
     canonical = jax.dtypes.canonicalize_dtype(meta.dtype)
@@ -94,7 +94,7 @@ class JaxBackend:
       )
 
   def materialize_all(
-    self, source: Any, requests: Sequence[tuple[ops.Recipe, MaterializationContext]]
+    self, source: CheckpointSource, requests: Sequence[tuple[ops.Recipe, MaterializationContext]]
   ) -> list[Materialization]:
     """Builds several weights of one source together (a plain tensor is ``source(key)``).
 
@@ -111,7 +111,7 @@ class JaxBackend:
       others = iter(self.materialize_all(source, nonempty))
       return [e if e is not None else next(others) for e in empty]
     first = requests[0][1]
-    remote = bool(getattr(source, "remote", False))  # a source at a URL (or a recipe's source)
+    remote = source.remote  # a source at a URL
     budget = first.max_inflight_bytes or budget_lib.default_max_inflight_bytes(remote)
     layouts = direct.layouts(requests, source, self.whole_bytes)
     small = [i for i, lay in enumerate(layouts) if lay is not None]
@@ -182,7 +182,7 @@ class JaxBackend:
     ]
 
   def materialize_recipe(
-    self, recipe: ops.Recipe, source: Any, context: MaterializationContext
+    self, recipe: ops.Recipe, source: CheckpointSource, context: MaterializationContext
   ) -> Materialization:
     """Deprecated: ``materialize_all(source, [(recipe, context)])[0]``."""
     _deprecated("materialize_recipe", "materialize_all(source, [(recipe, context)])")
@@ -208,12 +208,12 @@ def _deprecated(old: str, new: str) -> None:
 
 
 def _empty_tensor(
-  source: Any, recipe: ops.Recipe, context: MaterializationContext
+  source: CheckpointSource, recipe: ops.Recipe, context: MaterializationContext
 ) -> Materialization | None:
   """A plain checkpoint tensor with a zero-size axis, as the empty array it is (no read), or
   None for anything else (a recipe that produces zero bytes stays an error, at plan time)."""
   shape = tuple(context.shape)
-  if not (isinstance(recipe, ops.Source) and 0 in shape and source_lib.has_key(source, recipe.key)):
+  if not (isinstance(recipe, ops.Source) and 0 in shape and recipe.key in source):
     return None
   meta = source.metadata(recipe.key)
   if not isinstance(recipe.selection, sel_lib.Full) or (meta.shape, meta.dtype) != (

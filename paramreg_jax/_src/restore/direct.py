@@ -26,25 +26,26 @@ from paramreg_jax._src.restore import transfer
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 
 
 def layouts(
-  requests: Sequence[tuple[ops.Recipe, MaterializationContext]], source: Any, whole_bytes: int
+  requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
+  source: source_lib.CheckpointSource,
+  whole_bytes: int,
 ) -> list[transfer.Layout | None]:
   """For each request, the layout of a small stored tensor restored as it is, when it can take
   the direct path (read stacked with its neighbours, built in grid order, one transfer), else
   None (the general path: recipes, selections, large tensors, shardings without a grid)."""
-  if not whole_bytes or not hasattr(source, "read_stacked"):
+  if not whole_bytes:
     return [None] * len(requests)
   seen: dict[tuple[Any, ...], transfer.Layout | None] = {}  # per (sharding, shape)
   out: list[transfer.Layout | None] = []
   for recipe, context in requests:
     lay = None
     if (
-      type(recipe) is ops.Source
-      and type(recipe.selection) is sel_lib.Full
-      and source_lib.has_key(source, recipe.key)
+      type(recipe) is ops.Source and type(recipe.selection) is sel_lib.Full and recipe.key in source
     ):
       meta = source.metadata(recipe.key)
       shape = tuple(context.shape)
@@ -65,7 +66,7 @@ def layouts(
 
 
 def materialize(
-  source: Any,
+  source: source_lib.CheckpointSource,
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   small: list[int],
   layouts: list[transfer.Layout | None],
@@ -80,10 +81,9 @@ def materialize(
   thread would wait for the GIL while this one assembles. A remote source (``source.remote``) is read ahead by a thread,
   three chunks of a quarter of the budget each.
   """
-  remote = bool(getattr(source, "remote", False))
+  remote = source.remote
   chunks = _chunks(source, requests, small, budget, remote)
-  if hasattr(source, "prepare"):
-    source.prepare(sorted({requests[i][0].key for i in small}))  # type: ignore[attr-defined]
+  source.prepare(sorted({requests[i][0].key for i in small}))  # type: ignore[attr-defined]
   scratch = _Scratch()  # stacked reads, reused: one chunk of source bytes in flight
 
   def read(chunk: list[int], scratch: _Scratch) -> np.ndarray:
@@ -121,7 +121,7 @@ def materialize(
 
 
 def _chunks(
-  source: Any,
+  source: source_lib.CheckpointSource,
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   small: list[int],
   budget: int,
@@ -181,12 +181,12 @@ class _Scratch:
   def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     n = source_lib.nbytes_of(shape, dtype)
     if self.raw.size < n:
-      self.raw = source_lib.aligned_empty((n,), np.uint8)
+      self.raw = host_memory.aligned_empty((n,), np.uint8)
     return self.raw[:n].view(dtype).reshape(shape)
 
 
 def _read_chunk(
-  source: Any,
+  source: source_lib.CheckpointSource,
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   chunk: list[int],
   lay: transfer.Layout,
@@ -200,7 +200,7 @@ def _read_chunk(
   context = requests[chunk[0]][1]
   want, dtype = (len(chunk), *context.shape), np.dtype(context.dtype)
   size = source_lib.nbytes_of(context.shape, dtype)
-  in_place = math.prod(lay.grid) == 1 and size % source_lib.HOST_ALIGNMENT == 0  # type: ignore[arg-type]
+  in_place = math.prod(lay.grid) == 1 and size % host_memory.HOST_ALIGNMENT == 0  # type: ignore[arg-type]
   try:
     # a weight with one block per device is adopted as read; others are copied from scratch
     stacked = source.read_stacked(keys, None if in_place else scratch.get(want, dtype))
@@ -218,12 +218,12 @@ def _read_chunk(
       context.key,
     )
   n = len(chunk)
-  aligned = stacked.ctypes.data % source_lib.HOST_ALIGNMENT == 0 and stacked.flags.c_contiguous
+  aligned = stacked.ctypes.data % host_memory.HOST_ALIGNMENT == 0 and stacked.flags.c_contiguous
   if in_place and aligned:
     return stacked.reshape(n, *lay.grid_shape)  # already in grid order
   items = stacked[0].size
-  padded = -(-size // source_lib.HOST_ALIGNMENT) * source_lib.HOST_ALIGNMENT // dtype.itemsize
-  buffer = source_lib.aligned_empty((n, padded), dtype)
+  padded = -(-size // host_memory.HOST_ALIGNMENT) * host_memory.HOST_ALIGNMENT // dtype.itemsize
+  buffer = host_memory.aligned_empty((n, padded), dtype)
   built = buffer[:, :items].reshape(n, *lay.grid_shape)
   np.copyto(built, lay.to_grid(stacked), casting="no")
   return built

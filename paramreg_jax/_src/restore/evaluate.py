@@ -11,9 +11,10 @@ from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import reads as reads_lib
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
-def evaluate(recipe: ops.Recipe, src: Any, index: Any = None) -> np.ndarray:
+def evaluate(recipe: ops.Recipe, src: CheckpointSource, index: Any = None) -> np.ndarray:
   """The value of ``recipe`` (or just the region ``index`` of it) as a numpy array.
 
   The same compiled program and block reads a restore runs for one shard, on the host.

@@ -23,6 +23,7 @@ from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 class MaterializedUnit(Mapping[str, jax.Array]):
@@ -67,7 +68,7 @@ class MaterializedUnit(Mapping[str, jax.Array]):
 
 @contextlib.contextmanager
 def _progress_bar(
-  enabled: bool, total: int, count: int, source: Any
+  enabled: bool, total: int, count: int, source: CheckpointSource
 ) -> Iterator[Callable[[int], None] | None]:
   """A bar of the bytes the weights need; for a source at a URL, also the bytes fetched over
   the network (whole rows or chunks around what the shards need, and headers)."""
@@ -77,7 +78,7 @@ def _progress_bar(
   bar = progress.bar(
     total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"restoring {count} tensors"
   )
-  if not getattr(source, "remote", False) or not hasattr(source, "stats"):
+  if not source.remote:
     update: Callable[[int], None] = bar.update
   else:
     start = source.stats.bytes_read
@@ -211,13 +212,12 @@ def _finish(
   return out
 
 
-def _confirm_unchanged(source: Any) -> None:
+def _confirm_unchanged(source: CheckpointSource) -> None:
   """Every read is done: a source whose storage changed meanwhile fails the whole unit."""
-  if hasattr(source, "confirm_unchanged"):
-    try:
-      source.confirm_unchanged()
-    except errors.SourceIOError as e:
-      raise errors.MaterializationError(f"{e}; nothing was kept, the target is untouched") from e
+  try:
+    source.confirm_unchanged()
+  except errors.SourceIOError as e:
+    raise errors.MaterializationError(f"{e}; nothing was kept, the target is untouched") from e
 
 
 def _nothing_kept(e: Exception, key: str | None) -> errors.MaterializationError:

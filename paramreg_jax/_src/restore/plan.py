@@ -84,7 +84,7 @@ class RestorePlan:
   """
 
   entries: tuple[PlanEntry, ...]
-  source: Any
+  source: source_lib.CheckpointSource
   excluded: tuple[str, ...] = ()
   ignored: tuple[str, ...] = ()
 

@@ -124,7 +124,7 @@ def plan_restore(
   return plan_slots(slots, source, recipes, aliases, rename, exclude, dtype_policy, backend)
 
 
-def check_arguments(source: Any, dtype_policy: Any) -> None:
+def check_arguments(source: source_lib.CheckpointSource, dtype_policy: Any) -> None:
   """The checks :func:`plan_restore` makes before it looks at the target."""
   source_lib.check_source(source, "plan_restore")
   if dtype_policy not in ("exact", "cast"):
@@ -133,7 +133,7 @@ def check_arguments(source: Any, dtype_policy: Any) -> None:
 
 def plan_slots(
   slots: list[target_lib.Slot],
-  source: Any,
+  source: source_lib.CheckpointSource,
   recipes: Any,
   aliases: Any,
   rename: Any,
@@ -175,7 +175,7 @@ def plan_slots(
 class _Planning:
   """What every phase of :func:`plan_restore` reads, and the entries and problems it adds."""
 
-  source: Any
+  source: source_lib.CheckpointSource
   slots: list[target_lib.Slot]
   excluded: Callable[[str], bool]
   recipes: dict[str, ops.Recipe]

@@ -25,6 +25,7 @@ import numpy as np
 
 from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def intersects(a: sel_lib.Region, b: sel_lib.Region) -> bool:
@@ -105,7 +106,7 @@ class Window:
 
 
 def _with(
-  window: Window, task: Task, source: Any, itemsize: dict[str, int]
+  window: Window, task: Task, source: CheckpointSource, itemsize: dict[str, int]
 ) -> tuple[dict[str, list[sel_lib.Region]], int, tuple[str, sel_lib.Region] | None]:
   """What adding ``task`` changes: ``({key: blocks}, counted bytes, handed-over block)``.
 
@@ -143,7 +144,7 @@ def _with(
   return changes, total, handed
 
 
-def windows(tasks: Sequence[Task], source: Any, window_bytes: int) -> list[Window]:
+def windows(tasks: Sequence[Task], source: CheckpointSource, window_bytes: int) -> list[Window]:
   """Packs ``tasks`` in order into windows of at most ``window_bytes`` of blocks.
 
   Examples:

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 
 
@@ -127,7 +127,7 @@ class Layout:
     """Whether every device's buffer of ``built`` (a weight built in grid order) starts
     64-byte aligned and is C-contiguous: what a CPU device adopts without a copy."""
     return built.flags.c_contiguous and all(
-      v.ctypes.data % source_lib.HOST_ALIGNMENT == 0 for v in self.shards(built)
+      v.ctypes.data % host_memory.HOST_ALIGNMENT == 0 for v in self.shards(built)
     )
 
 

@@ -29,11 +29,12 @@ from paramreg_jax._src.restore import reads as reads_lib
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 
 
 def materialize(
-  source: Any,
+  source: source_lib.CheckpointSource,
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   budget: int,
   threads: int,
@@ -46,8 +47,7 @@ def materialize(
     task for i, request in enumerate(requests) for task in _tasks(i, request, source, whole_bytes)
   ]
   run = _Run(source, requests, tasks, budget)
-  if hasattr(source, "prepare"):
-    source.prepare(sorted({read.key for task in tasks for read in task.program.reads}))
+  source.prepare(sorted({read.key for task in tasks for read in task.program.reads}))
   pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="paramreg")
   try:
     run.all(pool)
@@ -67,7 +67,13 @@ def materialize(
 class _Run:
   """One pass over the windows: read ahead by one thread, built by a pool, handed over."""
 
-  def __init__(self, source: Any, requests: Any, tasks: list[reads_lib.Task], budget: int):
+  def __init__(
+    self,
+    source: source_lib.CheckpointSource,
+    requests: Any,
+    tasks: list[reads_lib.Task],
+    budget: int,
+  ):
     self.source = source
     self.windows = reads_lib.windows(tasks, source, max(1, budget // budget_lib.DEPTH))
     self.keys = [context.key for _, context in requests]
@@ -126,7 +132,7 @@ class _Run:
 def _tasks(
   index: int,
   request: tuple[ops.Recipe, MaterializationContext],
-  source: Any,
+  source: source_lib.CheckpointSource,
   whole_bytes: int,
 ) -> list[Any]:
   """One compiled task per distinct box of the weight that this process's devices hold."""
@@ -175,15 +181,15 @@ def _culprit(window: reads_lib.Window, keys: list[str], source_key: str | None) 
 
 
 def _start_read(
-  source: Any, window: reads_lib.Window, keys: list[str], on_bytes: Callable[[int], None] | None
+  source: source_lib.CheckpointSource,
+  window: reads_lib.Window,
+  keys: list[str],
+  on_bytes: Callable[[int], None] | None,
 ) -> tuple[Any, Callable[[], dict[tuple[str, sel_lib.Region], np.ndarray]]]:
   """Issues the reads of every block of ``window`` (orbax starts decoding now): the source's
   handle of them, and a function that waits for them (in the reader thread)."""
   requests = window.requests()
-  if hasattr(source, "start_reads"):
-    finish = _named(lambda: source.start_reads(requests), window, keys)
-  else:  # any CheckpointSource: read_many when finished
-    finish = functools.partial(source.read_many, requests)
+  finish = _named(lambda: source.start_reads(requests), window, keys)
   return finish, functools.partial(_read, finish, source, window, keys, on_bytes, requests)
 
 
@@ -202,7 +208,7 @@ def _named(call: Callable[[], Any], window: reads_lib.Window, keys: list[str]) -
 
 def _read(
   finish: Callable[[], list[np.ndarray]],
-  source: Any,
+  source: source_lib.CheckpointSource,
   window: reads_lib.Window,
   keys: list[str],
   on_bytes: Callable[[int], None] | None,
@@ -240,7 +246,7 @@ def _handed(
   value = window.view(blocks, task.program.handoff)
   program = task.program
   if (
-    value.ctypes.data % source_lib.HOST_ALIGNMENT == 0
+    value.ctypes.data % host_memory.HOST_ALIGNMENT == 0
     and value.flags.c_contiguous
     and value.shape == program.shape
     and value.dtype == program.dtype
@@ -272,10 +278,10 @@ def _build(
       )
     lay = handover.grid_of(task)
     if lay is not None:  # a weight built whole, in grid order: each shard one block
-      out = source_lib.aligned_empty(lay.grid_shape, program.dtype)
+      out = host_memory.aligned_empty(lay.grid_shape, program.dtype)
       np.copyto(out, lay.to_grid(value), casting="no")
       return out
-    out = source_lib.aligned_empty(program.shape, program.dtype)
+    out = host_memory.aligned_empty(program.shape, program.dtype)
     np.copyto(out, value, casting="no")
     return out
   except errors.ParamRegError:

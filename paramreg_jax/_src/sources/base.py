@@ -1,54 +1,59 @@
-"""The checkpoint-source protocol, tensor metadata, and bounded reads (leases).
+"""The checkpoint-source contract, tensor metadata, and bounded reads (leases).
 
 A :class:`CheckpointSource` is a catalog: ``keys()`` and ``metadata(key)`` never read payload
-bytes. ``lease(key, selection)`` hands out a :class:`CheckpointLease`, a handle on one tensor
-selection whose ``read(index)`` reads **only** the requested region. Every physical read is
-counted in ``source.stats`` so tests and benchmarks can assert what was touched.
+bytes; ``read(key, index)`` reads **only** the requested box. Everything else the engine calls
+(leases, batched and stacked reads, storage alignment, pinning checks) is a method of the base
+class with a working default, which a source overrides where its format can do better. Every
+physical read is counted in ``source.stats`` so tests and benchmarks can assert what was
+touched.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import functools
 import math
-import os
-import sys
 import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
-from typing import Protocol
 from typing import Self
-from typing import runtime_checkable
 
 import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.host_memory import nbytes_of
+from paramreg_jax._src.sources.host_memory import read_into_aligned
+from paramreg_jax._src.sources.host_memory import stacked_buffer
 
 
-def check_source(source: Any, where: str) -> None:
-  """A clear ``TypeError`` unless ``source`` is a checkpoint source (it has ``keys`` and
-  ``metadata``): a path or a dict of arrays is the usual slip."""
-  if not (callable(getattr(source, "keys", None)) and callable(getattr(source, "metadata", None))):
-    raise TypeError(
-      f"{where}: source must be a checkpoint source such as prj.SafetensorsSource(path), "
-      f"prj.OrbaxSource(path) or prj.MemorySource(arrays); got {type(source).__name__} "
-      f"{source!r:.60}"
-    )
+def check_source(source: Any, where: str) -> CheckpointSource:
+  """``source``, or a clear ``TypeError`` unless it is a :class:`CheckpointSource` (a path or a
+  dict of arrays is the usual slip; a class of one's own that does not derive from it the
+  other)."""
+  if isinstance(source, CheckpointSource):
+    return source
+  own = callable(getattr(source, "keys", None)) and callable(getattr(source, "metadata", None))
+  fix = (
+    f"make {type(source).__name__} derive from paramreg_jax.sources.CheckpointSource (it "
+    "implements keys(), metadata(key) and read(key, index); the rest has defaults)"
+    if own and not isinstance(source, dict)
+    else "prj.open_source(path_or_url) opens a file or URL by what it is"
+  )
+  raise TypeError(
+    f"{where}: source must be a checkpoint source such as prj.SafetensorsSource(path), "
+    f"prj.OrbaxSource(path) or prj.MemorySource(arrays); got {type(source).__name__} "
+    f"{source!r:.60}; {fix}"
+  )
 
 
-def quantization_of(source: Any, key: str) -> str | None:
-  """The block format ``source`` records for ``key``, or None (plain values, or a source that
-  records none)."""
-  record = getattr(source, "quantization", None)
-  return record(key) if callable(record) else None
-
-
-def metadata_of(source: Any, key: str) -> TensorMetadata:
-  """``source.metadata(key)``, checked: a duck-typed source must return a shape and a dtype."""
+def metadata_of(source: CheckpointSource, key: str) -> TensorMetadata:
+  """``source.metadata(key)``, checked: a source of one's own must return a shape and a
+  dtype."""
   meta = source.metadata(key)
   if isinstance(meta, TensorMetadata):
     return meta
@@ -59,73 +64,6 @@ def metadata_of(source: Any, key: str) -> TensorMetadata:
       "a checkpoint source's metadata(key) must return a TensorMetadata(shape, dtype)"
     )
   return TensorMetadata(tuple(shape), np.dtype(dtype))
-
-
-def has_key(source: Any, key: str) -> bool:
-  """Whether ``source`` holds ``key``: O(1) for our sources, any protocol object otherwise."""
-  if isinstance(source, BaseSource):
-    return key in source
-  return key in source.keys()
-
-
-def nbytes_of(shape: Sequence[int], dtype: Any) -> int:
-  size = 1
-  for d in shape:
-    size *= int(d)
-  return size * np.dtype(dtype).itemsize
-
-
-HOST_ALIGNMENT = 64
-
-
-def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
-  """An uninitialised C-order array whose data is 64-byte aligned.
-
-  ``jax.device_put`` on the CPU backend adopts such a buffer without copying it, so reading a
-  region straight into one saves a full copy per shard.
-  """
-  dtype = np.dtype(dtype)
-  n = nbytes_of(shape, dtype)
-  if n >= _HUGE_MIN and _huge_pages():
-    raw = np.empty(n + _HUGE, np.uint8)
-    offset = (-raw.ctypes.data) % _HUGE
-    _madvise_huge(raw.ctypes.data + offset, n - n % _HUGE)
-  else:
-    raw = np.empty(n + HOST_ALIGNMENT, np.uint8)
-    offset = (-raw.ctypes.data) % HOST_ALIGNMENT
-  return raw[offset : offset + n].view(dtype).reshape(tuple(shape))
-
-
-_HUGE = 2 * 2**20
-_HUGE_MIN = 4 * 2**20
-_MADV_HUGEPAGE = 14
-
-
-@functools.cache
-def _huge_pages() -> bool:
-  """Whether restore buffers of 4 MiB and more ask for transparent huge pages: on Linux unless
-  ``PARAMREG_HUGEPAGES=0``. Huge pages make the first-touch page faults of large restored
-  arrays cheaper (docs/benchmarks.md); only whole 2 MiB pages inside the buffer are advised, so
-  no page outside the array becomes resident."""
-  return sys.platform == "linux" and os.environ.get("PARAMREG_HUGEPAGES") != "0"
-
-
-def _madvise_huge(address: int, length: int) -> None:
-  """``madvise(MADV_HUGEPAGE)``; a kernel without THP refuses it, which changes nothing."""
-  import ctypes
-
-  try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), _MADV_HUGEPAGE)
-  except (OSError, AttributeError):
-    pass
-
-
-def read_into_aligned(value: Any, dtype: Any) -> np.ndarray:
-  """``np.array(value)`` (one copy), into a 64-byte aligned buffer."""
-  out = aligned_empty(np.shape(value), dtype)
-  np.copyto(out, value, casting="no")
-  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,89 +130,95 @@ class SourceStats:
     return SourceStats(self.reads - other.reads, self.bytes_read - other.bytes_read)
 
 
-@runtime_checkable
-class CheckpointSource(Protocol):
-  """A checkpoint catalog that hands out bounded reads.
+class CheckpointSource(abc.ABC):
+  """A checkpoint catalog that hands out bounded reads: the one contract every source meets.
 
-  Implementations: :class:`~paramreg_jax.OrbaxSource`,
-  :class:`~paramreg_jax.SafetensorsSource`, :class:`~paramreg_jax.MemorySource`.
+  A source of your own derives from this class and implements three methods: ``keys()``,
+  ``metadata(key)`` and ``read(key, index)``. Everything else the engine calls has a working
+  default built on those three (leases, ``stats``, batched and stacked reads, the storage's
+  alignment, pinning checks); override one where your storage can do better. The built-in
+  sources are :class:`~paramreg_jax.SafetensorsSource`, :class:`~paramreg_jax.GGUFSource`,
+  :class:`~paramreg_jax.OrbaxSource` and :class:`~paramreg_jax.MemorySource`.
+
+  ``read`` is called from several threads at once, and only for boxes inside the tensor. What
+  it returns is checked against the tensor's metadata and copied, so it may be a view of
+  storage the source keeps. A catalog must not change once the source exists (a checkpoint
+  that changes is a new source).
 
   Examples:
     >>> import numpy as np
-    >>> from paramreg_jax.sources import CheckpointSource
-    >>> from paramreg_jax import MemorySource
-    >>> isinstance(MemorySource({"w": np.zeros(2)}), CheckpointSource)
-    True
+    >>> import paramreg_jax as prj
+    >>> from paramreg_jax.sources import CheckpointSource, TensorMetadata
+    >>> class Ramp(CheckpointSource):  # every tensor is computed, none is stored
+    ...   def keys(self):
+    ...     return ("w",)
+    ...   def metadata(self, key):
+    ...     return TensorMetadata((4, 3), np.float32)
+    ...   def read(self, key, index):
+    ...     return np.arange(12, dtype=np.float32).reshape(4, 3)[index]
+    >>> src = Ramp()
+    >>> prj.restore({"w": np.zeros((4, 3), np.float32)}, src)["w"][1].tolist()
+    [3.0, 4.0, 5.0]
+    >>> src.stats
+    SourceStats(reads=1, bytes_read=48)
   """
-
-  def keys(self) -> tuple[str, ...]:
-    """Every tensor key, in a deterministic (sorted) order."""
-    ...
-
-  def metadata(self, key: str) -> TensorMetadata:
-    """Shape, dtype and bytes of ``key``, without reading payload."""
-    ...
-
-  def lease(self, key: str, selection: Any = None) -> CheckpointLease:
-    """A bounded read handle on ``selection`` of ``key``."""
-    ...
-
-  @property
-  def stats(self) -> SourceStats:
-    """Physical payload reads so far."""
-    ...
-
-
-def stacked_buffer(
-  out: np.ndarray | None, n: int, shape: tuple[int, ...], dtype: np.dtype
-) -> np.ndarray:
-  """``out`` checked to hold ``n`` tensors of ``shape`` and ``dtype`` stacked, or a new
-  aligned buffer for them."""
-  if out is None:
-    return aligned_empty((n, *shape), dtype)
-  if out.shape != (n, *shape) or out.dtype != dtype or not out.flags.c_contiguous:
-    raise ValueError(
-      f"read_stacked(out=...) needs a C-contiguous {(n, *shape)} {dtype.name} array, got "
-      f"{out.shape} {out.dtype.name}{'' if out.flags.c_contiguous else ' (not contiguous)'}"
-    )
-  return out
-
-
-class BaseSource:
-  """Shared machinery: key checks, leases and read accounting. Subclasses implement
-  ``keys()``, ``metadata(key)`` (from their catalog) and ``_read(key, region)``.
-
-  A catalog must not change once the source exists: key lookups and recipe inference are
-  cached per source (a checkpoint that changes is a new source)."""
 
   #: Whether reads go over a network: the direct path of small tensors then reads ahead in a
   #: thread (a local read is faster in the calling thread than a thread waiting for the GIL).
   remote: bool = False
 
-  def __init__(self) -> None:
-    self._lock = threading.Lock()
-    self._reads = 0
-    self._bytes = 0
+  #: Where :attr:`config` comes from, in ``match``'s report.
+  config_origin: str = "config.json"
 
   # -- to implement -------------------------------------------------------------------------
-  def keys(self) -> tuple[str, ...]:
-    raise NotImplementedError
+  @abc.abstractmethod
+  def keys(self) -> Sequence[str]:
+    """Every tensor key, in a deterministic (sorted) order."""
 
+  @abc.abstractmethod
   def metadata(self, key: str) -> TensorMetadata:
-    raise NotImplementedError
+    """Shape and dtype of ``key``, without reading payload (``self.unknown_key(key)`` is the
+    error to raise for a key the source does not hold)."""
 
-  def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
-    raise NotImplementedError
+  @abc.abstractmethod
+  def read(self, key: str, index: tuple[slice, ...]) -> np.ndarray:
+    """The stored values of ``key`` at ``index``, reading only those bytes.
 
-  def _physical_bytes(self, key: str, region: sel_lib.Region) -> int:
-    """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
-    return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
+    ``index`` has one ``slice(start, stop)`` per axis, inside the tensor; the result has the
+    box's shape and ``metadata(key).dtype``.
+    """
+
+  # -- what a source may override -----------------------------------------------------------
+  @property
+  def config(self) -> dict[str, Any] | None:
+    """The model's ``config.json`` beside the weights, if the checkpoint has one (``match``
+    reads head counts from it); None by default."""
+    return None
 
   def quantization(self, key: str) -> str | None:
     """The block format ``key`` is stored in (``"Q4_K"``), or None for plain values (the
     default: a source of plain tensors). ``dequantize`` refuses any other format for it."""
     del key
     return None
+
+  def has_companion(self, name: str) -> bool:
+    """Whether a file ``name`` (``tokenizer.json``) lies beside the weights, for ``export`` to
+    copy; a source without a folder has none (the default)."""
+    del name
+    return False
+
+  def companion(self, name: str) -> bytes:
+    """The bytes of the file ``name`` beside the weights (when :meth:`has_companion`)."""
+    raise errors.SourceIOError(f"{self!r} has no file {name!r} beside its weights")
+
+  def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
+    """The smallest box the storage serves that holds ``box`` (chunk- or row-aligned).
+
+    Reading the widened box costs no more bytes than reading ``box`` itself, and the part
+    other shards need comes with it; the default serves any box as it is.
+    """
+    del key
+    return box
 
   def prepare(self, keys: Sequence[str]) -> None:
     """Called once before reading ``keys``: a source may open them all at once (orbax does,
@@ -285,9 +229,32 @@ class BaseSource:
     """Called once after a restore's reads, before anything is kept: a source whose storage
     can change under it (a checkpoint in a bucket) raises ``SourceIOError`` if it did. The
     default does nothing."""
+    return None
 
   def close(self) -> None:
     """Releases what the source holds open (files, connections); nothing, by default."""
+    return None
+
+  def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    """``read(key, index)`` for a box, checked against the metadata and copied into an owned,
+    64-byte aligned buffer (a source that reads boxes natively overrides this)."""
+    meta = metadata_of(self, key)
+    index = sel_lib.region_slices(region)
+    want = sel_lib.region_shape(region)
+    out = np.asarray(self.read(key, index))
+    if out.shape != want or out.dtype != meta.dtype:
+      raise errors.SourceIOError(
+        f"{key}: {type(self).__name__}.read({key!r}, {index}) returned {out.shape} "
+        f"{out.dtype.name}, expected {want} {meta.dtype.name} (that box of the stored {meta} "
+        "tensor); read(key, index) must return the stored values at index, as metadata(key) "
+        "describes them",
+        key,
+      )
+    return read_into_aligned(out, meta.dtype)
+
+  def _physical_bytes(self, key: str, region: sel_lib.Region) -> int:
+    """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
+    return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
 
   def __enter__(self) -> Self:
     return self
@@ -295,20 +262,20 @@ class BaseSource:
   def __exit__(self, *exc: Any) -> None:
     self.close()
 
-  def storage_box(self, key: str, box: sel_lib.Region) -> sel_lib.Region:
-    """The smallest box the storage serves that holds ``box`` (chunk- or row-aligned).
-
-    Reading the widened box costs no more bytes than reading ``box`` itself, and the part
-    other shards need comes with it; the default (memory) serves any box as it is.
-    """
-    del key
-    return box
-
   # -- shared ------------------------------------------------------------------------------
   @property
+  def _counter(self) -> _Counter:
+    counter = self.__dict__.get("_paramreg_counter")
+    if counter is None:  # no __init__ to call: a subclass's own __init__ need not call ours
+      counter = self.__dict__.setdefault("_paramreg_counter", _Counter())
+    return counter
+
+  @property
   def stats(self) -> SourceStats:
-    with self._lock:
-      return SourceStats(self._reads, self._bytes)
+    """Physical payload reads so far (a snapshot)."""
+    counter = self._counter
+    with counter.lock:
+      return SourceStats(counter.reads, counter.bytes)
 
   def __contains__(self, key: object) -> bool:
     known = self.__dict__.get("_key_set")
@@ -317,6 +284,7 @@ class BaseSource:
     return key in known
 
   def unknown_key(self, key: str) -> errors.UnknownTensorError:
+    """The error for a key the source does not hold (with the nearest keys it does)."""
     known = self.keys()
     return errors.UnknownTensorError(
       f"{key!r} is not in {self!r} ({len(known)} tensors)"
@@ -324,8 +292,9 @@ class BaseSource:
     )
 
   def lease(self, key: str, selection: Any = None) -> CheckpointLease:
+    """A bounded read handle on ``selection`` of ``key`` (``Full()`` by default)."""
     selection = sel_lib.check_selection(selection)
-    meta = self.metadata(key)
+    meta = metadata_of(self, key)
     shape = selection.apply_shape(meta.shape, where=key)
     return CheckpointLease(self, key, selection, meta, shape)
 
@@ -369,9 +338,10 @@ class BaseSource:
 
   def count_run(self, nbytes: int) -> None:
     """Records one physical read of ``nbytes`` (one region, or several tensors at once)."""
-    with self._lock:
-      self._reads += 1
-      self._bytes += nbytes
+    counter = self._counter
+    with counter.lock:
+      counter.reads += 1
+      counter.bytes += nbytes
 
   def start_reads(
     self, requests: Sequence[tuple[str, sel_lib.Region]]
@@ -415,15 +385,39 @@ class BaseSource:
     """The one ``(shape, dtype)`` of ``keys`` (for :meth:`read_stacked`)."""
     if not keys:
       raise ValueError("read_stacked needs at least one key")
-    first = self.metadata(keys[0])
+    first = metadata_of(self, keys[0])
     for key in keys[1:]:
-      meta = self.metadata(key)
+      meta = metadata_of(self, key)
       if (meta.shape, meta.dtype) != (first.shape, first.dtype):
         raise ValueError(
           f"read_stacked needs one shape and dtype: {keys[0]!r} is {first.shape} "
           f"{first.dtype.name}, {key!r} is {meta.shape} {meta.dtype.name}"
         )
     return first.shape, first.dtype
+
+
+class _Counter:
+  """A source's read counts and their lock."""
+
+  __slots__ = ("bytes", "lock", "reads")
+
+  def __init__(self) -> None:
+    self.lock = threading.Lock()
+    self.reads = 0
+    self.bytes = 0
+
+
+class BoxSource(CheckpointSource):
+  """A source that reads boxes natively (the built-in ones): it implements ``keys()``,
+  ``metadata(key)`` and ``_read(key, region)``, and ``read(key, index)`` comes from those."""
+
+  def read(self, key: str, index: tuple[slice, ...]) -> np.ndarray:
+    meta = metadata_of(self, key)
+    return self.read_region(key, sel_lib.normalize_index(index, meta.shape, where=key))
+
+  @abc.abstractmethod
+  def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
+    """One physical read of ``region`` (inside the tensor) into an owned array."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -448,7 +442,7 @@ class CheckpointLease:
     ((2, 3), [[6.0, 7.0]])
   """
 
-  source: BaseSource
+  source: CheckpointSource
   key: str
   selection: sel_lib.Selection
   metadata: TensorMetadata

@@ -29,6 +29,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import gguf_format
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
 
@@ -59,7 +60,7 @@ _CONFIG = {
 }
 
 
-class GGUFSource(source_lib.BaseSource):
+class GGUFSource(source_lib.BoxSource):
   """A ``.gguf`` file: tensors by their GGUF names, metadata as the model's config.
 
   Args:
@@ -123,7 +124,7 @@ class GGUFSource(source_lib.BaseSource):
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     meta, offset, _, _ = self._entries[key]
-    out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
+    out = host_memory.aligned_empty(sel_lib.region_shape(region), meta.dtype)
     if out.size:
       stores.read_box(self._file, offset, meta.shape, meta.dtype.itemsize, region, out, repr(key))
     return out

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 
 
-class MemorySource(source_lib.BaseSource):
+class MemorySource(source_lib.BoxSource):
   """A source over a mapping ``name -> array`` (numpy, jax or anything ``np.asarray`` takes).
 
   Args:
@@ -32,13 +33,18 @@ class MemorySource(source_lib.BaseSource):
       raise TypeError(f"MemorySource takes a mapping name -> array, got {type(tensors).__name__}")
     if config is not None and not isinstance(config, Mapping):
       raise TypeError(f"MemorySource config must be a mapping, got {type(config).__name__}")
-    self.config = dict(config) if config is not None else None
+    self._config = dict(config) if config is not None else None
     self._arrays: dict[str, np.ndarray] = {}
     for k, v in tensors.items():
       if not isinstance(k, str) or not k:
         raise TypeError(f"MemorySource keys must be non-empty strings, got {k!r}")
       self._arrays[k] = np.asarray(v)
     self._keys = tuple(sorted(self._arrays))
+
+  @property
+  def config(self) -> dict[str, Any] | None:
+    """The ``config`` given (a parsed ``config.json``), or None."""
+    return self._config
 
   def keys(self) -> tuple[str, ...]:
     return self._keys
@@ -51,7 +57,7 @@ class MemorySource(source_lib.BaseSource):
 
   def _read(self, key: str, region: sel_lib.Region) -> np.ndarray:
     arr = self._arrays[key]
-    return source_lib.read_into_aligned(arr[sel_lib.region_slices(region)], arr.dtype)
+    return host_memory.read_into_aligned(arr[sel_lib.region_slices(region)], arr.dtype)
 
   def __repr__(self) -> str:
     return f"MemorySource({len(self._keys)} tensors)"

@@ -22,6 +22,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.registry import assign as registry_lib
 from paramreg_jax._src.registry import keys as keys_lib
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import orbax_remote
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
@@ -190,7 +191,7 @@ class _DropMissingCheckpointMetadata(logging.Filter):
     return "Metadata file does not exist" not in record.getMessage()
 
 
-class OrbaxSource(source_lib.BaseSource):
+class OrbaxSource(source_lib.BoxSource):
   """An orbax checkpoint directory as a :class:`CheckpointSource`.
 
   Args:
@@ -386,7 +387,7 @@ class OrbaxSource(source_lib.BaseSource):
 
     issued = []
     for key, region in requests:
-      out = source_lib.aligned_empty(sel_lib.region_shape(region), self._entries[key][0].dtype)
+      out = host_memory.aligned_empty(sel_lib.region_shape(region), self._entries[key][0].dtype)
       fut = ts.array(out).write(stores[key][sel_lib.region_slices(region)])
       issued.append((out, fut))
     return issued

@@ -26,6 +26,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import hub
 from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import selection as sel_lib
@@ -34,7 +35,7 @@ from paramreg_jax._src.sources.safetensors_format import INDEX_NAME
 from paramreg_jax._src.sources.safetensors_format import SafetensorsFile
 
 
-class SafetensorsSource(source_lib.BaseSource):
+class SafetensorsSource(source_lib.BoxSource):
   """A safetensors checkpoint: one file, a directory of files, or a sharded index.
 
   Args:
@@ -260,7 +261,7 @@ class SafetensorsSource(source_lib.BaseSource):
   def read_stacked(self, keys: Any, out: np.ndarray | None = None) -> np.ndarray:
     """The whole tensors ``keys`` stacked along a new first axis: each run of them that the file
     stores back to back, in the order asked, is one physical read (see
-    :meth:`BaseSource.read_stacked`).
+    :meth:`CheckpointSource.read_stacked`).
 
     Examples:
       >>> import numpy as np, tempfile, os
@@ -274,7 +275,7 @@ class SafetensorsSource(source_lib.BaseSource):
     """
     keys = list(keys)
     shape, dtype = self.stacked_layout(keys)
-    out = source_lib.stacked_buffer(out, len(keys), shape, dtype)
+    out = host_memory.stacked_buffer(out, len(keys), shape, dtype)
     size = source_lib.nbytes_of(shape, dtype)
     if size == 0:
       return out

@@ -14,6 +14,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources import stores
@@ -216,7 +217,7 @@ class SafetensorsFile:
     """``region`` of ``key`` in a new 64-byte aligned array (positional reads on the file as
     it was validated, no mapping)."""
     meta, offset = self.entries[key]
-    out = source_lib.aligned_empty(sel_lib.region_shape(region), meta.dtype)
+    out = host_memory.aligned_empty(sel_lib.region_shape(region), meta.dtype)
     if out.size == 0:
       return out
     stores.read_box(self.store, offset, meta.shape, meta.dtype.itemsize, region, out, repr(key))

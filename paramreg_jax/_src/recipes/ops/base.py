@@ -121,7 +121,7 @@ class Recipe:
   def children(self) -> tuple[Recipe, ...]:
     return ()
 
-  def infer(self, inputs: list[Meta], src: Any) -> Meta:
+  def infer(self, inputs: list[Meta], src: source_lib.CheckpointSource) -> Meta:
     raise NotImplementedError(type(self).__name__)
 
   def program(self, region: sel_lib.Region, build: Building) -> Run:

@@ -15,6 +15,7 @@ from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import source as source_op
 from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def kept_formats() -> list[str]:
@@ -47,7 +48,7 @@ class BlockPart(base.Unary):
   def __str__(self) -> str:
     return f"block_{self.part}({self.input}, {self.format!r})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     fmt = _splittable(self.format, self, self.part)
     problem = source_op.recorded_format_problem(self.input, fmt.name, src, self)

@@ -10,6 +10,7 @@ import numpy as np
 
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 ASTYPE = base.InverseStep(
   "astype", lambda value, dtype: value.astype(dtype, copy=False), lambda dtype: f"cast {dtype}"
@@ -26,7 +27,7 @@ class Cast(base.Unary):
   def __str__(self) -> str:
     return f"cast({self.input}, {self.dtype.name})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     return base.Meta.of(m.shape, base.check_dtype(self.dtype, self))
 

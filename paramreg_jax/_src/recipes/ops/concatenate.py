@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import joins
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def _slice(value: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
@@ -38,7 +38,7 @@ class Concatenate(base.Recipe):
   def __str__(self) -> str:
     return f"concatenate({base.listing(self.inputs)}, axis={self.axis})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     joins.check_inputs(self, inputs, self.axis, stacking=False)
     shape = tuple(
       sum(m.shape[self.axis] for m in inputs) if i == self.axis else d

@@ -14,6 +14,7 @@ from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import source as source_op
 from paramreg_jax._src.recipes.quant import catalog
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 # blocks are dequantized this many bytes at a time (each format's kernel makes a few temporaries
 # of the chunk's size)
@@ -28,7 +29,7 @@ class Dequantize(base.Unary):
   def __str__(self) -> str:
     return f"dequantize({self.input}, {self.format!r})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     fmt = _format(self.format, self)
     if m.dtype != np.uint8 or not m.shape:

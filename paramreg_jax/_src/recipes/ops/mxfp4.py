@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -13,6 +12,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.quant import mxfp4 as mxfp4_format
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Mxfp4(base.Recipe):
   def __str__(self) -> str:
     return f"mxfp4({self.blocks}, {self.scales})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     b, s = inputs
     if b.dtype != np.uint8 or len(b.shape) < 2 or b.shape[-1] != 16:
       raise errors.QuantizedLayoutError(

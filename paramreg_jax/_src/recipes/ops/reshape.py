@@ -6,7 +6,6 @@ import dataclasses
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -14,6 +13,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import flat
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 RESHAPE = base.InverseStep("reshape", np.reshape, lambda shape: f"reshape {shape}")
 
@@ -28,7 +28,7 @@ class Reshape(base.Unary):
   def __str__(self) -> str:
     return f"reshape({self.input}, {self.shape})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     if math.prod(self.shape) != math.prod(m.shape):
       raise errors.ElementCountMismatchError(

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def blocks_of(
@@ -54,7 +54,7 @@ class ScaleBlocks(base.Recipe):
     block = "" if self.block is None else f", block={self.block}"
     return f"scale_blocks({self.input}, {self.scale}{block})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     x, s = inputs
     for m, what in ((x, "values"), (s, "scale")):
       if m.dtype.kind in "biuc":  # float8 and bfloat16 are ml_dtypes ('V' kind)

@@ -8,6 +8,7 @@ from typing import Any
 
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +19,7 @@ class Select(base.Unary):
   def __str__(self) -> str:
     return f"select({self.input}, {self.selection})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     return base.Meta.of(self.selection.apply_shape(m.shape, where=self), m.dtype)
 

@@ -23,10 +23,10 @@ class Source(base.Recipe):
     sel = "" if isinstance(self.selection, sel_lib.Full) else f", {self.selection}"
     return f"source({self.key!r}{sel})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: source_lib.CheckpointSource) -> base.Meta:
     if not self.key.strip():
       raise errors.EmptySourceKeyError(f"{self}: the key must be a non-empty string")
-    if not source_lib.has_key(src, self.key):
+    if self.key not in src:
       raise errors.UnknownSourceKeyError(
         f"{self}: the checkpoint has no tensor {self.key!r}"
         + errors.did_you_mean(self.key, src.keys())
@@ -77,12 +77,14 @@ def source(key: str, selection: Any = None) -> Source:
   return Source(key, sel_lib.check_selection(selection))
 
 
-def recorded_format_problem(node: base.Recipe, fmt: str, src: Any, where: Any) -> str | None:
+def recorded_format_problem(
+  node: base.Recipe, fmt: str, src: source_lib.CheckpointSource, where: Any
+) -> str | None:
   """Why reading ``node``'s bytes as ``fmt`` blocks contradicts the source, or None: a
   tensor the source records in another format (a GGUF file's Q8_0 read as Q4_0) would be
   decoded into garbage of the right shape."""
   if isinstance(node, Source):
-    recorded = source_lib.quantization_of(src, node.key)
+    recorded = src.quantization(node.key)
     if recorded is not None and recorded != fmt:
       return (
         f"{where}: the checkpoint records {node.key!r} as {recorded} blocks, not {fmt}; "

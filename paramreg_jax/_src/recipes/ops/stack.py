@@ -6,13 +6,13 @@ import dataclasses
 import re
 from collections.abc import Callable
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import joins
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 TAKE = base.InverseStep(
   "take",
@@ -34,7 +34,7 @@ class Stack(base.Recipe):
   def __str__(self) -> str:
     return f"stack({base.listing(self.inputs)}, axis={self.axis})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     joins.check_inputs(self, inputs, self.axis, stacking=True)
     first = inputs[0].shape
     return base.Meta.of((*first[: self.axis], len(inputs), *first[self.axis :]), inputs[0].dtype)

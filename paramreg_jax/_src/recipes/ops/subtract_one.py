@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 # exact up to float rounding
 ADD_ONE = base.InverseStep(
@@ -31,7 +31,7 @@ class SubtractOne(base.Unary):
   def __str__(self) -> str:
     return f"subtract_one({self.input})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     if m.dtype == np.bool_:
       raise errors.UnsupportedDtypeError(f"{self}: cannot subtract one from bool; cast first")

@@ -12,6 +12,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 TRANSPOSE = base.InverseStep("transpose", np.transpose, lambda axes: f"transpose {axes}")
 
@@ -26,7 +27,7 @@ class Transpose(base.Unary):
   def __str__(self) -> str:
     return f"transpose({self.input}, {self.axes})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     if sorted(self.axes) != list(range(len(m.shape))):
       raise errors.InvalidPermutationError(

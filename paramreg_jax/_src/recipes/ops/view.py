@@ -13,6 +13,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import flat
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 VIEW = base.InverseStep(
   "view",
@@ -32,7 +33,7 @@ class View(base.Unary):
   def __str__(self) -> str:
     return f"view({self.input}, {self.dtype.name}, {self.shape})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     out = base.Meta(self.shape, base.check_dtype(self.dtype, str(self)))
     if out.nbytes != m.nbytes:
