@@ -52,6 +52,7 @@ from paramreg_jax._src.errors import ShapeMismatchError
 from paramreg_jax._src.errors import SourceIOError
 from paramreg_jax._src.errors import StateMismatchError
 from paramreg_jax._src.errors import StoreError
+from paramreg_jax._src.errors import UndefinedValueError
 from paramreg_jax._src.errors import UnknownKeyPrefixError
 from paramreg_jax._src.errors import UnknownPartError
 from paramreg_jax._src.errors import UnknownQuantizationError
@@ -102,6 +103,7 @@ __all__ = (
   "SourceIOError",
   "StateMismatchError",
   "StoreError",
+  "UndefinedValueError",
   "UnknownKeyPrefixError",
   "UnknownPartError",
   "UnknownQuantizationError",

@@ -191,6 +191,11 @@ class UnsupportedDtypeError(RecipeError):
   """A dtype a recipe cannot represent (object, string, ...), or an op it cannot apply."""
 
 
+class UndefinedValueError(RecipeError):
+  """A recipe met a stored value it is not defined for (``neg_log`` of a value at or above
+  zero): loading it would give NaN or infinity without an error."""
+
+
 class UnknownQuantizationError(RecipeError):
   """A ``dequantize`` names a block format the library does not know."""
 

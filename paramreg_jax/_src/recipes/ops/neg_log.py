@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -12,12 +11,24 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.sources.base import CheckpointSource
 
 # exact up to float rounding
 NEG_EXP = base.InverseStep("neg_exp", lambda value: -np.exp(value), lambda: "neg_exp")
 
 
-def _neg_log(x: np.ndarray) -> np.ndarray:
+def _neg_log(x: np.ndarray, node: NegLog) -> np.ndarray:
+  """``log(-x)``, refused where it is undefined: a value at or above zero would load as NaN
+  or -inf without an error (the tensor is then not an ``A``, often already its log)."""
+  bad = np.flatnonzero(~(x < 0) & ~np.isnan(x))
+  if bad.size:
+    first = np.unravel_index(int(bad[0]), x.shape)
+    raise errors.UndefinedValueError(
+      f"{node}: {bad.size} of {x.size} values are >= 0, where log(-x) is undefined (the "
+      f"first, {x[first].item()!r}, at {tuple(int(i) for i in first)} of the box read); "
+      "the stored tensor is not a negative A: if it already holds A_log, read it without "
+      "neg_log"
+    )
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.log(-x).astype(x.dtype)
 
@@ -31,7 +42,7 @@ class NegLog(base.Unary):
   def __str__(self) -> str:
     return f"neg_log({self.input})"
 
-  def infer(self, inputs: list[base.Meta], src: Any) -> base.Meta:
+  def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
     (m,) = inputs
     if not np.issubdtype(m.dtype, np.floating) and m.dtype != np.dtype(ml_dtypes.bfloat16):
       raise errors.UnsupportedDtypeError(
@@ -41,7 +52,7 @@ class NegLog(base.Unary):
 
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
     operand = build.child(self.input, region)
-    return lambda fetch: _neg_log(operand(fetch))
+    return lambda fetch: _neg_log(operand(fetch), self)
 
   def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
     walk.walk(self.input, region, (*steps, ("neg_exp",)))
