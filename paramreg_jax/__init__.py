@@ -8,7 +8,7 @@ from paramreg_jax import errors as errors
 from paramreg_jax import recipes as recipes
 from paramreg_jax import sources as sources
 from paramreg_jax import typing as typing
-from paramreg_jax._src import deprecation as _deprecation
+from paramreg_jax._src import surface as _surface
 from paramreg_jax._src.devices import use_cpu_devices
 from paramreg_jax._src.errors import BindError
 from paramreg_jax._src.errors import ExportError
@@ -67,25 +67,8 @@ from paramreg_jax._src.sources.selection import Range
 
 __version__ = "0.1.0.dev0"
 
-# moved in 0.1.0.dev0; importable from here, with a DeprecationWarning, until after 0.1
-__getattr__ = _deprecation.moved(
-  "paramreg_jax",
-  {
-    "ExportPlanError": "paramreg_jax.errors",
-    "KeyCollisionError": "paramreg_jax.errors",
-    "MalformedKeyError": "paramreg_jax.errors",
-    "NamedSlotHijackError": "paramreg_jax.errors",
-    "OrderingContractError": "paramreg_jax.errors",
-    "PatternError": "paramreg_jax.errors",
-    "RecipeError": "paramreg_jax.errors",
-    "ShapeMismatchError": "paramreg_jax.errors",
-    "StoreError": "paramreg_jax.errors",
-    "UnknownKeyPrefixError": "paramreg_jax.errors",
-    "CheckpointLease": "paramreg_jax.sources",
-    "CheckpointSource": "paramreg_jax.sources",
-    "TensorMetadata": "paramreg_jax.sources",
-  },
-)
+# a name exported elsewhere: an AttributeError that says where
+__getattr__ = _surface.elsewhere("paramreg_jax")
 
 __all__ = (
   "INDEXED_KEY_PREFIX",

@@ -80,7 +80,7 @@ def test_the_plan_asks_the_users_backend_and_names_the_parameter():
 
   class Refusing(Recording):
     def preflight_recipe(self, recipe, source):
-      raise prj.recipes.UnsupportedDtypeError(f"{recipe}: this device cannot hold it")
+      raise prj.errors.UnsupportedDtypeError(f"{recipe}: this device cannot hold it")
 
   with pytest.raises(prj.RestorePlanError, match=r"n:fc/kernel: .*this device cannot hold it"):
     prj.plan_restore(target, src, recipes=recipes, aliases={"tied": "b"}, backend=Refusing())
@@ -102,21 +102,28 @@ def test_a_failing_unit_wait_names_the_weight_and_keeps_nothing():
     prj.materialize(plan, backend=Breaking())
 
 
-def test_the_seeds_per_weight_names_still_work_with_a_deprecation_warning():
+def test_the_seeds_per_weight_operations_are_one_element_unit_calls():
+  """The seed's ``materialize(lease)``, ``materialize_recipe``, ``materialized_weight`` and
+  ``finish_materialization`` are ``materialize_all``/``.weight``/``finish_all`` of one request,
+  without a warning."""
   src = prj.MemorySource({"w": np.arange(4, dtype=np.float32)})
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   ctx = contract.MaterializationContext("n:w", (4,), np.dtype(np.float32), sharding)
   backend = prj.JaxBackend()
-  with pytest.warns(DeprecationWarning, match=r"materialize_all"):
-    m = backend.materialize(src.lease("w"), ctx)
-  with pytest.warns(DeprecationWarning, match=r"finish_all"):
-    weight = backend.finish_materialization(m)
-  with pytest.warns(DeprecationWarning, match=r"m\.weight"):
-    assert backend.materialized_weight(m) is m.weight
-  with pytest.warns(DeprecationWarning):
-    again = backend.materialize_recipe(R.source("w"), src, ctx)
-  np.testing.assert_array_equal(np.asarray(weight), np.arange(4, dtype=np.float32))
+  lease = src.lease("w", prj.Range(0, 1, 3))
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    [same] = backend.finish_all(backend.materialize_all(src, [(R.source("w"), ctx)]))
-  np.testing.assert_array_equal(np.asarray(same), np.asarray(backend.finish_all([again])[0]))
+    [m] = backend.materialize_all(
+      src,
+      [
+        (
+          R.source(lease.key, lease.selection),
+          ctx.for_slot("n:w", (2,), np.dtype(np.float32), sharding),
+        )
+      ],
+    )
+    [weight] = backend.finish_all([m])
+    [again] = backend.finish_all(backend.materialize_all(src, [(R.source("w"), ctx)]))
+  assert m.weight is not None
+  np.testing.assert_array_equal(np.asarray(weight), [1.0, 2.0])
+  np.testing.assert_array_equal(np.asarray(again), np.arange(4, dtype=np.float32))

@@ -49,16 +49,17 @@ def test_bind_with_a_value_that_is_not_an_array():
 
 def test_recipes_and_aliases_of_the_wrong_types():
   with pytest.raises(
-    prj.RecipeError, match=r"recipe target names must be non-empty strings .* got 5"
+    prj.errors.RecipeError, match=r"recipe target names must be non-empty strings .* got 5"
   ):
     prj.restore(TARGET, SRC, recipes={5: R.source("w")})
   with pytest.raises(TypeError, match=r"recipes must be a mapping .* got str 'w'"):
     prj.restore(TARGET, SRC, recipes="w")
   with pytest.raises(
-    prj.RecipeError, match=r"aliases map a parameter name to its owner's name \(strings\), got 1: 2"
+    prj.errors.RecipeError,
+    match=r"aliases map a parameter name to its owner's name \(strings\), got 1: 2",
   ):
     prj.restore(TARGET, SRC, aliases={1: 2})
-  with pytest.raises(prj.RecipeError, match="aliases must be a mapping"):
+  with pytest.raises(prj.errors.RecipeError, match="aliases must be a mapping"):
     prj.plan_restore(TARGET, SRC, aliases=["w"])
 
 

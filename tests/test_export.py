@@ -182,7 +182,7 @@ def test_a_tensor_kept_only_in_part_is_refused_naming_it(tmp_path):
   split = R.fused_split("qkv", 0, {"q": 2, "k": 2, "v": 2})
   recipes = {"q": split["q"], "k": split["k"]}
   params = prj.restore(target, src, recipes=recipes)
-  with pytest.raises(prj.ExportPlanError) as e:
+  with pytest.raises(prj.errors.ExportPlanError) as e:
     prj.export(params, recipes, tmp_path / "out", source=src)
   assert e.value.problems == (
     "checkpoint tensor 'qkv' (6, 2): rows 4:6 of axis 0 come from no parameter (the restore "
@@ -205,7 +205,7 @@ def test_a_selection_below_a_reshape_is_refused_naming_the_parameter(tmp_path):
     "b": R.select(R.reshape(R.source("w"), (16,)), Range(0, 8, 16)),
   }
   params = prj.restore(target, src, recipes=recipes)
-  with pytest.raises(prj.ExportPlanError) as e:
+  with pytest.raises(prj.errors.ExportPlanError) as e:
     prj.export(params, recipes, tmp_path / "out", source=src)
   assert e.value.problems[0] == (
     "n:b: reshape(source('w'), (16,)): a select above it keeps part of its output, and part of "

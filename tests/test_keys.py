@@ -52,13 +52,13 @@ def test_path_to_name(path, name):
 
 
 def test_root_leaf_has_no_name():
-  with pytest.raises(prj.MalformedKeyError, match=re.escape("use by='position'")):
+  with pytest.raises(prj.errors.MalformedKeyError, match=re.escape("use by='position'")):
     prj.path_to_name(())
 
 
 @pytest.mark.parametrize("bad", ["", "a//b", "/a", "a/", "a~", "a~3b", "~"])
 def test_name_to_path_rejects_malformed(bad):
-  with pytest.raises(prj.MalformedKeyError):
+  with pytest.raises(prj.errors.MalformedKeyError):
     prj.name_to_path(bad)
 
 
@@ -106,14 +106,14 @@ def test_tree_names_for_real_trees():
   ],
 )
 def test_parse_key_errors_golden(key, message):
-  with pytest.raises(prj.MalformedKeyError, match=re.escape(message)):
+  with pytest.raises(prj.errors.MalformedKeyError, match=re.escape(message)):
     keys_lib.parse_key(key)
 
 
 def test_unknown_prefix_is_its_own_class():
-  with pytest.raises(prj.UnknownKeyPrefixError):
+  with pytest.raises(prj.errors.UnknownKeyPrefixError):
     keys_lib.parse_key("m:foo")
-  assert issubclass(prj.UnknownKeyPrefixError, prj.ParamRegError)
+  assert issubclass(prj.errors.UnknownKeyPrefixError, prj.ParamRegError)
   assert issubclass(prj.ParamRegError, ValueError)
 
 

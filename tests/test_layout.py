@@ -22,7 +22,7 @@ LONG_OK = "(long:"  # a docstring that says why a function needs more
 
 # Each folder of _src may import only those before it (api_types: type aliases for signatures).
 LAYERS = [
-  {"errors", "devices", "api_types", "deprecation", "html_table", "text_width", "progress"},
+  {"errors", "devices", "api_types", "surface", "html_table", "text_width", "progress"},
   {"registry"},
   {"sources", "patterns", "optim"},
   {"recipes"},

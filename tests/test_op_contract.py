@@ -159,7 +159,7 @@ def test_export_writes_the_stored_tensors_back_or_refuses_saying_why(name, tmp_p
   src = _only(recipe)
   params = prj.restore(target, src, recipes={"x": recipe})
   if name in EXPORT_REFUSES:
-    with pytest.raises(prj.ExportPlanError, match=re.escape(EXPORT_REFUSES[name])):
+    with pytest.raises(prj.errors.ExportPlanError, match=re.escape(EXPORT_REFUSES[name])):
       prj.export(params, {"x": recipe}, tmp_path / "out", source=src)
     assert not (tmp_path / "out").exists()
     return

@@ -49,7 +49,7 @@ def test_mask_for_weight_decay():
 
 def test_unused_pattern_is_an_error():
   with pytest.raises(
-    prj.PatternError,
+    prj.errors.PatternError,
     match=re.escape(
       "1 pattern(s) match no parameter (a typo? parameter names look like 'encoder/layer_0/bias'):\n  - '**/kernal'"
     ),
@@ -70,7 +70,7 @@ def test_labels_first_match_wins():
 
 
 def test_unmatched_parameter_and_unused_rule_are_reported_together():
-  with pytest.raises(prj.PatternError) as info:
+  with pytest.raises(prj.errors.PatternError) as info:
     prj.label_by_pattern(PARAMS, {"encoder/**": "a", "decoder/**": "b"})
   msg = str(info.value)
   assert msg.startswith("3 problem(s) labelling parameters by pattern:")
@@ -81,16 +81,16 @@ def test_unmatched_parameter_and_unused_rule_are_reported_together():
 def test_mask_rules_mapping():
   mask = prj.mask_by_pattern(PARAMS, {"**/bias": False, "**": True})
   assert mask["head"]["bias"] is False and mask["head"]["kernel"] is True
-  with pytest.raises(prj.PatternError, match="must be a bool"):
+  with pytest.raises(prj.errors.PatternError, match="must be a bool"):
     prj.mask_by_pattern(PARAMS, {"**": "yes"})
 
 
 @pytest.mark.parametrize("bad", ["", "[abc"])
 def test_bad_patterns(bad):
-  with pytest.raises(prj.PatternError):
+  with pytest.raises(prj.errors.PatternError):
     prj.mask_by_pattern(PARAMS, [bad])
 
 
 def test_patterns_must_be_a_list():
-  with pytest.raises(prj.PatternError, match="not the string"):
+  with pytest.raises(prj.errors.PatternError, match="not the string"):
     prj.mask_by_pattern(PARAMS, "**/kernel")

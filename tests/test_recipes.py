@@ -13,6 +13,7 @@ from paramreg_jax import Full
 from paramreg_jax import Indices
 from paramreg_jax import MemorySource
 from paramreg_jax import Range
+from paramreg_jax import errors
 from paramreg_jax import recipes as R
 
 
@@ -99,65 +100,65 @@ def test_scalar_recipes():
   [
     (
       lambda: R.source("nope"),
-      R.UnknownSourceKeyError,
+      errors.UnknownSourceKeyError,
       "source('nope'): the checkpoint has no tensor 'nope'",
     ),
     (
       lambda: R.source("left", Indices(2, (0,))),
-      R.InvalidSelectionAxisError,
+      errors.InvalidSelectionAxisError,
       "selects axis 2, but the tensor has rank 2",
     ),
     (
       lambda: R.source("left", Range(0, 1, 3)),
-      R.InvalidRangeError,
+      errors.InvalidRangeError,
       "runs past the end of axis 0 (length 2)",
     ),
     (
       lambda: R.source("left", Indices(1, (0, 3))),
-      R.InvalidIndicesError,
+      errors.InvalidIndicesError,
       "has indices [3] out of range for axis 1",
     ),
-    (lambda: R.concatenate([]), R.EmptyInputsError, "needs at least one input"),
+    (lambda: R.concatenate([]), errors.EmptyInputsError, "needs at least one input"),
     (
       lambda: R.concatenate([R.source("left"), R.cast(R.source("right"), np.float32)]),
-      R.DtypeMismatchError,
+      errors.DtypeMismatchError,
       "inputs have dtypes ['float16', 'float32']",
     ),
     (
       lambda: R.concatenate([R.source("left"), R.source("right")], 1),
-      R.RecipeShapeMismatchError,
+      errors.RecipeShapeMismatchError,
       "cannot be concatenated along axis 1",
     ),
     (
       lambda: R.stack([R.source("left"), R.source("right")]),
-      R.RecipeShapeMismatchError,
+      errors.RecipeShapeMismatchError,
       "cannot be stacked",
     ),
     (
       lambda: R.concatenate([R.source("left")], 2),
-      R.InvalidJoinAxisError,
+      errors.InvalidJoinAxisError,
       "axis 2 is out of range for inputs of rank 2",
     ),
-    (lambda: R.stack([R.source("left")], 3), R.InvalidJoinAxisError, "stack allows 0..rank"),
+    (lambda: R.stack([R.source("left")], 3), errors.InvalidJoinAxisError, "stack allows 0..rank"),
     (
       lambda: R.reshape(R.source("left"), (4,)),
-      R.ElementCountMismatchError,
+      errors.ElementCountMismatchError,
       "input (2, 3) has 6 elements, (4,) has 4",
     ),
     (
       lambda: R.transpose(R.source("left"), (0, 0)),
-      R.InvalidPermutationError,
+      errors.InvalidPermutationError,
       "axes (0, 0) are not a permutation of 0..1",
     ),
     (
       lambda: R.view(R.source("left"), np.float32, (6,)),
-      R.ByteCountMismatchError,
+      errors.ByteCountMismatchError,
       "is 12 bytes, (6,) float32 is 24",
     ),
-    (lambda: R.reshape(R.source("left"), (6, 0)), R.ElementCountMismatchError, "has 0"),
+    (lambda: R.reshape(R.source("left"), (6, 0)), errors.ElementCountMismatchError, "has 0"),
     (
       lambda: R.neg_log(R.source("ints")),
-      R.UnsupportedDtypeError,
+      errors.UnsupportedDtypeError,
       "log needs a floating dtype, got int32",
     ),
   ],
@@ -168,7 +169,7 @@ def test_infer_errors_golden(make, error, message):
   )
   with pytest.raises(error, match=re.escape(message)):
     R.infer(make(), src)
-  assert issubclass(error, R.RecipeError)
+  assert issubclass(error, errors.RecipeError)
   assert src.stats.reads == 0
 
 
@@ -209,27 +210,27 @@ def test_joined_recipes_print_repeated_layers_once(make, text):
 def test_zero_sized_and_unsupported_and_empty_key():
   src = MemorySource({"empty": np.zeros((0, 2), np.float32), "obj": np.array(["x"])})
   with pytest.raises(
-    R.ZeroSizedOutputError, match=re.escape("source('empty'): produces (0, 2), zero bytes")
+    errors.ZeroSizedOutputError, match=re.escape("source('empty'): produces (0, 2), zero bytes")
   ):
     R.infer(R.source("empty"), src)
-  with pytest.raises(R.UnsupportedDtypeError):
+  with pytest.raises(errors.UnsupportedDtypeError):
     R.infer(R.source("obj"), src)
-  with pytest.raises(R.UnsupportedDtypeError):
+  with pytest.raises(errors.UnsupportedDtypeError):
     R.cast(R.source("a"), object)
-  with pytest.raises(R.EmptySourceKeyError):
+  with pytest.raises(errors.EmptySourceKeyError):
     R.source("  ")
   with pytest.raises(TypeError, match="must be a recipe"):
     R.transpose("w", (1, 0))
 
 
 def test_bad_selections_at_construction():
-  with pytest.raises(R.InvalidRangeError, match="is empty"):
+  with pytest.raises(errors.InvalidRangeError, match="is empty"):
     Range(0, 3, 3)
-  with pytest.raises(R.InvalidIndicesError, match="selects nothing"):
+  with pytest.raises(errors.InvalidIndicesError, match="selects nothing"):
     Indices(0, ())
-  with pytest.raises(R.SelectionError, match=">= 0"):
+  with pytest.raises(errors.SelectionError, match=">= 0"):
     Range(-1, 0, 1)
-  with pytest.raises(R.SelectionError, match="a selection must be"):
+  with pytest.raises(errors.SelectionError, match="a selection must be"):
     R.source("w", (0, 1))
 
 
@@ -249,15 +250,15 @@ def test_fused_split():
   split = R.fused_split("qkv", 1, {"q": 4, "k": 4, "v": 4}, source=src)
   np.testing.assert_array_equal(R.evaluate(split["v"], src), src._arrays["qkv"][:, 8:12])
   with pytest.raises(
-    R.RecipeSetError,
+    errors.RecipeSetError,
     match=re.escape("widths {'q': 4, 'k': 4} sum to 8, but the axis has length 12"),
   ):
     R.fused_split("qkv", 1, {"q": 4, "k": 4}, source=src)
-  with pytest.raises(R.RecipeSetError, match="positive int"):
+  with pytest.raises(errors.RecipeSetError, match="positive int"):
     R.fused_split("qkv", 1, {"q": 0})
-  with pytest.raises(R.RecipeSetError, match="no outputs"):
+  with pytest.raises(errors.RecipeSetError, match="no outputs"):
     R.fused_split("qkv", 1, {})
-  with pytest.raises(R.InvalidSelectionAxisError):
+  with pytest.raises(errors.InvalidSelectionAxisError):
     R.fused_split("qkv", 2, {"q": 1}, source=src)
 
 
@@ -267,30 +268,30 @@ def test_rename_rules():
     "layers/0/kernel": "h.0.w",
     "layers/1/kernel": "h.1.w",
   }
-  with pytest.raises(R.RecipeSetError) as info:
+  with pytest.raises(errors.RecipeSetError) as info:
     R.rename([(r"h\.(\d+)\.w", "same"), (r"never", "x")]).apply(["h.0.w", "h.1.w", "other"])
   msg = str(info.value)
   assert "'h.0.w' and 'h.1.w' both rename to 'same'" in msg
   assert "'other': no rule covers it" in msg and "rule 'never': matches no checkpoint key" in msg
   assert R.rename([("a", "b")], require_all=False).apply(["a", "c"]) == {"b": "a", "c": "c"}
-  with pytest.raises(R.RecipeSetError, match="not a valid regex"):
+  with pytest.raises(errors.RecipeSetError, match="not a valid regex"):
     R.rename([("(", "x")])
 
 
 def test_recipe_set_aliases():
   rs = R.RecipeSet([("a", R.source("x")), ("b", R.source("y"))], aliases={"c": "d", "d": "a"})
   assert rs.aliases == {"c": "a", "d": "a"} and rs.owner("c") == "a" and rs.owner("b") == "b"
-  with pytest.raises(R.RecipeSetError, match="two recipes"):
+  with pytest.raises(errors.RecipeSetError, match="two recipes"):
     R.RecipeSet([("a", R.source("x")), ("a", R.source("y"))])
-  with pytest.raises(R.RecipeSetError, match="non-empty"):
+  with pytest.raises(errors.RecipeSetError, match="non-empty"):
     R.RecipeSet({"": R.source("x")})
-  with pytest.raises(R.AliasError, match="alias cycle: c -> d -> c"):
+  with pytest.raises(errors.AliasError, match="alias cycle: c -> d -> c"):
     R.RecipeSet({"a": R.source("x")}, aliases={"c": "d", "d": "c"})
-  with pytest.raises(R.AliasError, match="not a known target"):
+  with pytest.raises(errors.AliasError, match="not a known target"):
     R.RecipeSet({"a": R.source("x")}, aliases={"c": "missing"})
-  with pytest.raises(R.AliasError, match="is also a target"):
+  with pytest.raises(errors.AliasError, match="is also a target"):
     R.RecipeSet({"a": R.source("x")}, aliases={"a": "a"})
-  with pytest.raises(R.AliasError, match="non-empty"):
+  with pytest.raises(errors.AliasError, match="non-empty"):
     R.RecipeSet({"a": R.source("x")}, aliases={"": "a"})
 
 

@@ -78,7 +78,7 @@ def test_restored_named_slots_match_by_name_in_any_order():
 def test_order_mismatch_on_resume_is_an_error_not_silent_reset():
   reg = ParamRegistry.from_keys({"p:0": 4})
   with pytest.raises(
-    prj.OrderingContractError,
+    prj.errors.OrderingContractError,
     match=re.escape(
       "p:0: positional slot 0 records 4 elements, but the leaf at flatten position 0 is "
       "(9,) float32. Positional identity is the flatten order"
@@ -87,14 +87,14 @@ def test_order_mismatch_on_resume_is_an_error_not_silent_reset():
     reg.id_for_position(0, tensor(9))
   # the mismatch is also caught for shapes with the same element count
   reg = ParamRegistry.from_keys({"p:0": (2, 3)})
-  with pytest.raises(prj.OrderingContractError, match=re.escape("records (2, 3)")):
+  with pytest.raises(prj.errors.OrderingContractError, match=re.escape("records (2, 3)")):
     reg.id_for_position(0, jnp.zeros((3, 2)))
 
 
 def test_anonymous_path_refuses_to_hijack_a_named_slot():
   reg = ParamRegistry.from_keys({"n:w": 4})
   with pytest.raises(
-    prj.NamedSlotHijackError,
+    prj.errors.NamedSlotHijackError,
     match=re.escape(
       "p:0: slot 0 was registered under the name 'w' (n:w); the positional path never claims a named slot"
     ),
@@ -103,7 +103,7 @@ def test_anonymous_path_refuses_to_hijack_a_named_slot():
 
 
 def test_restore_rejects_unprefixed_keys():
-  with pytest.raises(prj.UnknownKeyPrefixError, match="0x7f9c2a001234"):
+  with pytest.raises(prj.errors.UnknownKeyPrefixError, match="0x7f9c2a001234"):
     ParamRegistry().restore_key("0x7f9c2a001234", 4)
 
 
@@ -150,13 +150,13 @@ def test_restore_named_twice_adds_no_slot_and_fills_unknown_size():
 
 def test_restore_p_index_of_named_slot_is_refused():
   reg = ParamRegistry.from_keys(["n:w"])
-  with pytest.raises(prj.NamedSlotHijackError):
+  with pytest.raises(prj.errors.NamedSlotHijackError):
     reg.restore_key("p:0")
 
 
 @pytest.mark.parametrize("key", ["p:", "p:x", "p:007", "p:-1", "p:100000000"])
 def test_restore_rejects_malformed_indices(key):
-  with pytest.raises(prj.MalformedKeyError):
+  with pytest.raises(prj.errors.MalformedKeyError):
     ParamRegistry().restore_key(key)
 
 
@@ -170,16 +170,16 @@ def test_unknown_size_accepts_any_leaf():
 def test_named_size_mismatch_is_an_error_stronger_than_the_seed():
   reg, _ = ParamRegistry().id_for_named("w", tensor(4))
   with pytest.raises(
-    prj.ShapeMismatchError,
+    prj.errors.ShapeMismatchError,
     match=re.escape("n:w: the slot records (4,) float32, but (5,) float32 was offered"),
   ):
     reg.id_for_named("w", tensor(5))
-  with pytest.raises(prj.ShapeMismatchError, match="bfloat16"):
+  with pytest.raises(prj.errors.ShapeMismatchError, match="bfloat16"):
     reg.id_for_named("w", jnp.zeros(4, jnp.bfloat16))
 
 
 def test_named_path_validates_names():
-  with pytest.raises(prj.MalformedKeyError):
+  with pytest.raises(prj.errors.MalformedKeyError):
     ParamRegistry().id_for_named("", tensor(1))
 
 
@@ -187,7 +187,7 @@ def test_registration_is_pure():
   reg = ParamRegistry()
   reg2, _ = reg.id_for_named("w", tensor(4))
   assert reg.is_empty() and len(reg2) == 1
-  with pytest.raises(prj.ShapeMismatchError):
+  with pytest.raises(prj.errors.ShapeMismatchError):
     prj.assign_ids(reg2, {"w": tensor(5), "v": tensor(1)})
   assert reg2.keys() == ("n:w",)
 
@@ -223,7 +223,7 @@ def test_by_position():
 
 def test_by_position_on_a_named_registry_is_refused():
   reg, _ = prj.assign_ids(ParamRegistry(), {"w": tensor(1)})
-  with pytest.raises(prj.NamedSlotHijackError):
+  with pytest.raises(prj.errors.NamedSlotHijackError):
     prj.assign_ids(reg, [tensor(1)], by="position")
 
 
@@ -248,7 +248,7 @@ jax.tree_util.register_pytree_with_keys(
 
 def test_collisions_are_raised_never_merged():
   tree = {"m": TwoViews(tensor(1), tensor(2)), "k": TwoViews(tensor(1), tensor(2))}
-  with pytest.raises(prj.KeyCollisionError) as info:
+  with pytest.raises(prj.errors.KeyCollisionError) as info:
     prj.assign_ids(ParamRegistry(), tree)
   msg = str(info.value)
   assert "2 canonical name(s) are shared by different leaves" in msg

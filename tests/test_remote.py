@@ -191,7 +191,7 @@ def test_a_sharded_index_at_a_url(tmp_path):
       np.testing.assert_array_equal(src.lease("w3").read(), 3)
     bad = {"w0": "../outside.safetensors"}
     (tmp_path / "ck" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": bad}))
-    with pytest.raises(prj.StoreError, match="outside"):
+    with pytest.raises(prj.errors.StoreError, match="outside"):
       SafetensorsSource(f"{server.url}/ck")
   finally:
     server.shutdown()
@@ -274,7 +274,9 @@ def test_a_slow_server_hits_the_timeout_with_a_clear_error(served, devices):
 
 
 def test_missing_fsspec_or_protocol_packages_are_named():
-  with pytest.raises(prj.StoreError, match=r"nosuchproto:// is not a protocol read here; use one"):
+  with pytest.raises(
+    prj.errors.StoreError, match=r"nosuchproto:// is not a protocol read here; use one"
+  ):
     SafetensorsSource("nosuchproto://bucket/model.safetensors")
   pytest.importorskip("fsspec")
   if importlib.util.find_spec("gcsfs") is None:  # the remote extra does not install it
@@ -283,7 +285,7 @@ def test_missing_fsspec_or_protocol_packages_are_named():
 
 
 def test_an_orbax_checkpoint_at_an_http_url_is_refused_clearly():
-  with pytest.raises(prj.StoreError, match=r"http:// has no directory listing"):
+  with pytest.raises(prj.errors.StoreError, match=r"http:// has no directory listing"):
     prj.OrbaxSource("http://127.0.0.1:9/ckpt")
 
 

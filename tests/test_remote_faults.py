@@ -135,7 +135,7 @@ def test_closing_while_another_thread_reads_never_returns_another_files_bytes(tm
 def test_an_encoded_parent_path_in_a_remote_index_is_refused(server, name):
   index = {"metadata": {}, "weight_map": {"a": name}}
   (server.folder / "model.safetensors.index.json").write_text(json.dumps(index))
-  with pytest.raises(prj.StoreError, match="outside"):
+  with pytest.raises(prj.errors.StoreError, match="outside"):
     SafetensorsSource(url(server, "ckpt/model.safetensors.index.json"))
   assert not any(r[1] == "s2.safetensors" for r in server.requests)
 
@@ -198,12 +198,12 @@ def test_one_transient_error_on_the_index_is_retried(server):
   ],
 )
 def test_bad_arguments_are_refused_at_construction(kwargs, message):
-  with pytest.raises(prj.StoreError, match=__import__("re").escape(message)):
+  with pytest.raises(prj.errors.StoreError, match=__import__("re").escape(message)):
     SafetensorsSource("http://127.0.0.1:9/ckpt/model.safetensors", **kwargs)
 
 
 def test_an_unknown_protocol_is_our_error():
-  with pytest.raises(prj.StoreError, match=r"ftp:// is not a protocol read here"):
+  with pytest.raises(prj.errors.StoreError, match=r"ftp:// is not a protocol read here"):
     SafetensorsSource("ftp://127.0.0.1/ckpt/model.safetensors")
 
 

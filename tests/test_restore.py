@@ -329,7 +329,7 @@ def test_truncated_safetensors_file(tmp_path):
   with pytest.raises(prj.MaterializationError, match="truncated"):
     prj.restore(target, src)
   same_tree(target, before)
-  with pytest.raises(prj.sources.MalformedSafetensorsError):
+  with pytest.raises(prj.errors.MalformedSafetensorsError):
     SafetensorsSource(path)
 
 

@@ -20,7 +20,7 @@ def test_a_read_holds_the_descriptor_that_close_releases_after_it(tmp_path):
   f = stores.LocalFile(path)
   fd = f._acquire()  # a read in flight
   f.close()
-  with pytest.raises(prj.StoreError, match="the source was closed"):
+  with pytest.raises(prj.errors.StoreError, match="the source was closed"):
     f.pread(4, 0)  # new reads are refused
   assert os.pread(fd, 4, 0) == bytes(range(4))  # the one in flight still reads its file
   f._release()
@@ -40,7 +40,7 @@ def test_concurrent_reads_and_close_never_mix_files(tmp_path):
     def read(f=f, out=out, errors=errors):
       try:
         f.pread_into(out, 0, "it")
-      except prj.StoreError as e:
+      except prj.errors.StoreError as e:
         errors.append(e)
 
     t = threading.Thread(target=read)
@@ -74,7 +74,7 @@ def test_urls_and_their_arguments():
   url = "https://127.0.0.1:9/m.safetensors"
   assert remote.check_remote_args(url, None, 0, 1.0, 1.0) is None
   for bad in ((url, None, -1, 1.0, 1.0), (url, None, 1, 0, 1.0), (url, 5, 1, 1.0, 1.0)):
-    with pytest.raises(prj.StoreError):
+    with pytest.raises(prj.errors.StoreError):
       remote.check_remote_args(*bad)
-  with pytest.raises(prj.StoreError, match="ftp:// is not a protocol read here"):
+  with pytest.raises(prj.errors.StoreError, match="ftp:// is not a protocol read here"):
     remote.check_remote_args("ftp://h/x", None, 1, 1.0, 1.0)

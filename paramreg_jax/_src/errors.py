@@ -250,11 +250,17 @@ class MatchError(ParamRegError):
 
 
 class MaterializationError(ParamRegError):
-  """Reading or building a weight failed; nothing built so far is kept, the target is untouched."""
+  """Reading or building a weight failed; nothing built so far is kept, the target is untouched.
 
-  def __init__(self, message: str, key: str | None = None):
+  ``.key`` names the weight; ``.nothing_kept`` is True once the whole unit was discarded (the
+  message then says so)."""
+
+  def __init__(self, message: str, key: str | None = None, *, nothing_kept: bool = False):
+    if nothing_kept:
+      message = f"{message}; nothing was kept, the target is untouched"
     super().__init__(message)
     self.key = key
+    self.nothing_kept = nothing_kept
 
 
 class ExportPlanError(ParamRegError):

@@ -1,6 +1,6 @@
 """Derived-weight recipes: declarative rename/transpose/split/stack/cast/view of checkpoint tensors."""
 
-from paramreg_jax._src import deprecation as _deprecation
+from paramreg_jax._src import surface as _surface
 from paramreg_jax._src.recipes.inference import infer
 from paramreg_jax._src.recipes.inference import source_keys
 from paramreg_jax._src.recipes.ops import Recipe
@@ -55,30 +55,5 @@ __all__ = (
   "view",
 )
 
-# moved in 0.1.0.dev0; importable from here, with a DeprecationWarning, until after 0.1
-__getattr__ = _deprecation.moved(
-  "paramreg_jax.recipes",
-  dict.fromkeys(
-    (
-      "AliasError",
-      "ByteCountMismatchError",
-      "DtypeMismatchError",
-      "ElementCountMismatchError",
-      "EmptyInputsError",
-      "EmptySourceKeyError",
-      "InvalidIndicesError",
-      "InvalidJoinAxisError",
-      "InvalidPermutationError",
-      "InvalidRangeError",
-      "InvalidSelectionAxisError",
-      "RecipeError",
-      "RecipeSetError",
-      "RecipeShapeMismatchError",
-      "SelectionError",
-      "UnknownSourceKeyError",
-      "UnsupportedDtypeError",
-      "ZeroSizedOutputError",
-    ),
-    "paramreg_jax.errors",
-  ),
-)
+# a name exported elsewhere: an AttributeError that says where
+__getattr__ = _surface.elsewhere("paramreg_jax.recipes")

@@ -15,7 +15,7 @@ Examples:
   (True, True)
 """
 
-from paramreg_jax._src import deprecation as _deprecation
+from paramreg_jax._src import surface as _surface
 from paramreg_jax._src.sources.base import CheckpointLease
 from paramreg_jax._src.sources.base import CheckpointSource
 from paramreg_jax._src.sources.base import SourceStats
@@ -28,28 +28,5 @@ __all__ = (
   "TensorMetadata",
 )
 
-# moved in 0.1.0.dev0; importable from here, with a DeprecationWarning, until after 0.1
-__getattr__ = _deprecation.moved(
-  "paramreg_jax.sources",
-  {
-    **dict.fromkeys(
-      (
-        "ContradictoryIndexMappingError",
-        "InvalidRegionError",
-        "MalformedConfigError",
-        "MalformedIndexError",
-        "MalformedSafetensorsError",
-        "MissingShardError",
-        "SourceIOError",
-        "StoreError",
-        "UnknownTensorError",
-        "UnsafeShardPathError",
-      ),
-      "paramreg_jax.errors",
-    ),
-    **dict.fromkeys(
-      ("Full", "Indices", "MemorySource", "OrbaxSource", "Range", "SafetensorsSource"),
-      "paramreg_jax",
-    ),
-  },
-)
+# a name exported elsewhere: an AttributeError that says where
+__getattr__ = _surface.elsewhere("paramreg_jax.sources")

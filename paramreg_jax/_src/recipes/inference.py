@@ -7,9 +7,6 @@ changes): ``match`` infers a proposal, checks it with a plan, and the restore pl
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
-
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops.source import Source
@@ -19,10 +16,7 @@ Metas = dict[int, base.Meta]
 """Metadata by recipe node ``id`` (valid while the recipe is alive)."""
 
 _LIMIT = 1_000_000
-# per source: node id -> (node, meta); each entry holds its node, so an id is never reused
-_CACHE: weakref.WeakKeyDictionary[Any, dict[int, tuple[base.Recipe, base.Meta]]] = (
-  weakref.WeakKeyDictionary()
-)
+_CACHE_ATTR = "_paramreg_metas"  # per source: node id -> (node, meta), in the source itself
 
 
 def infer(recipe: base.Recipe, src: CheckpointSource, *, memo: Metas | None = None) -> base.Meta:
@@ -94,14 +88,15 @@ def _infer(node: base.Recipe, src: CheckpointSource, memo: Metas, cache: dict | 
   return meta
 
 
-def _cache(src: CheckpointSource) -> dict | None:
+def _cache(src: CheckpointSource) -> dict[int, tuple[base.Recipe, base.Meta]] | None:
+  """The metadata already inferred against ``src`` (a catalog never changes, so it holds for
+  the source's life), kept in the source itself: it goes with the source, and threads that
+  infer at once share one dict (``setdefault`` is atomic). Each entry holds its node, so an id
+  is never mistaken for a reused one."""
   try:
-    cache = _CACHE.get(src)
-    if cache is None:
-      cache = _CACHE[src] = {}
-  except TypeError:  # a source of one's own that cannot be weakly referenced or hashed
+    return src.__dict__.setdefault(_CACHE_ATTR, {})
+  except AttributeError:  # a source of one's own with __slots__: no cache
     return None
-  return cache
 
 
 def source_keys(recipe: base.Recipe) -> tuple[str, ...]:
@@ -123,9 +118,9 @@ def source_keys(recipe: base.Recipe) -> tuple[str, ...]:
     ('a', 'b')
   """
   recipe = base.check_recipe(recipe, "recipe")
-  hit = _KEYS.get(id(recipe))
-  if hit is not None and hit[0] is recipe:
-    return hit[1]
+  hit = recipe.__dict__.get(_KEYS_ATTR)
+  if hit is not None:
+    return hit
   out: set[str] = set()
   stack: list[base.Recipe] = [recipe]
   while stack:
@@ -134,12 +129,10 @@ def source_keys(recipe: base.Recipe) -> tuple[str, ...]:
       out.add(node.key)
     stack.extend(node.children())
   keys = tuple(sorted(out))
-  if len(_KEYS) > 4096:
-    _KEYS.clear()
-  _KEYS[id(recipe)] = (recipe, keys)
+  recipe.__dict__[_KEYS_ATTR] = keys  # a recipe never changes: its keys are kept with it
   return keys
 
 
-# source_keys of the latest large recipes (a stacked MoE parameter has 16,000 sources, and the
-# plan asks for its keys several times); each entry holds its recipe, so ids are not reused.
-_KEYS: dict[int, tuple[base.Recipe, tuple[str, ...]]] = {}
+# source_keys, kept in the recipe (a stacked MoE parameter has 16,000 sources, and the plan
+# asks for its keys several times); not a field, so equality and hashing ignore it.
+_KEYS_ATTR = "_paramreg_source_keys"

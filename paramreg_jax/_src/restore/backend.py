@@ -26,7 +26,6 @@ bytes. No XLA program runs: no compile, no collective, and no device holds more 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -171,40 +170,6 @@ class JaxBackend:
     """The new value of the slot (functional replacement; nothing is mutated)."""
     del parameter
     return weight
-
-  # -- the per-weight names of the first contract, kept for one release ------------------------------------
-  def materialize(self, lease: Any, context: MaterializationContext) -> Materialization:
-    """Deprecated: ``materialize_all(lease.source, [(source(lease.key, lease.selection),
-    context)])[0]``."""
-    _deprecated("materialize(lease, context)", "materialize_all(source, [(recipe, context)])")
-    return self.materialize_all(lease.source, [(ops.Source(lease.key, lease.selection), context)])[
-      0
-    ]
-
-  def materialize_recipe(
-    self, recipe: ops.Recipe, source: CheckpointSource, context: MaterializationContext
-  ) -> Materialization:
-    """Deprecated: ``materialize_all(source, [(recipe, context)])[0]``."""
-    _deprecated("materialize_recipe", "materialize_all(source, [(recipe, context)])")
-    return self.materialize_all(source, [(recipe, context)])[0]
-
-  def materialized_weight(self, materialization: Materialization) -> jax.Array:
-    """Deprecated: ``materialization.weight``."""
-    _deprecated("materialized_weight(m)", "m.weight")
-    return materialization.weight
-
-  def finish_materialization(self, materialization: Materialization) -> jax.Array:
-    """Deprecated: ``finish_all([materialization])[0]``."""
-    _deprecated("finish_materialization(m)", "finish_all([m])[0]")
-    return self.finish_all([materialization])[0]
-
-
-def _deprecated(old: str, new: str) -> None:
-  warnings.warn(
-    f"JaxBackend.{old} is deprecated and will be removed after 0.1; call {new}",
-    DeprecationWarning,
-    stacklevel=3,
-  )
 
 
 def _empty_tensor(

@@ -1,22 +1,22 @@
 """The backend contract: what ``materialize``, ``bind`` and ``plan_restore`` call, typed.
 
-:class:`ParameterBackend` reinterprets the Rust ``ParameterBackend`` trait of
-``eredu_runtime::backend`` in Python. Its operations map onto the trait's as follows:
+A :class:`ParameterBackend` turns recipes into arrays on devices. Its calls, in the order a
+restore makes them:
 
-==============================  ====================================================
-Rust trait                      here
-==============================  ====================================================
-``materialize(lease, ctx)``     ``materialize_all(source, [(source(key, sel), ctx)])``
-``materialize_recipe(...)``     ``materialize_all(source, [(recipe, ctx), ...])``
-``materialized_weight(m)``      ``Materialization.weight``
-``finish_materialization(m)``   ``finish_all([m, ...])``
-``share_materialized_weight``   ``share_materialized_weight``
-``validate_bind``, ``bind``     the same
-(planning)                      ``preflight_recipe``
-==============================  ====================================================
+``preflight_recipe(recipe, context)``
+  at planning: can this backend build the weight (dtype, sharding)? Nothing is read.
+``materialize_all(source, [(recipe, context), ...])``
+  starts building a whole unit: reads are shared and windowed across weights.
+``finish_all([materialization, ...])``
+  one wait for every transfer of the unit; the weights, in order.
+``share_materialized_weight(weight)``
+  a tied parameter: the owner's weight, shared.
+``validate_bind(target, weights)``, ``bind(target, weights)``
+  the whole unit checked against the target, then placed in it.
 
-A lease is a recipe (``source(key, selection)``), so one call builds a whole unit: reads are
-shared and windowed across weights, and one wait covers every transfer.
+Reading one tensor (a lease) is the recipe ``source(key, selection)``, so there is one way to
+build a weight. :class:`~paramreg_jax.JaxBackend` builds ``jax.Array`` weights; a new
+backend (another array library, another device runtime) implements this class.
 """
 
 from __future__ import annotations

@@ -217,17 +217,13 @@ def _confirm_unchanged(source: CheckpointSource) -> None:
   try:
     source.confirm_unchanged()
   except errors.SourceIOError as e:
-    raise errors.MaterializationError(f"{e}; nothing was kept, the target is untouched") from e
+    raise errors.MaterializationError(str(e), e.key, nothing_kept=True) from e
 
 
 def _nothing_kept(e: Exception, key: str | None) -> errors.MaterializationError:
   """The error ``materialize`` raises for ``e``: a ``MaterializationError`` that names the
   weight and says the target is untouched."""
   if isinstance(e, errors.MaterializationError):
-    if "nothing was kept" in str(e):
-      return e
-    return errors.MaterializationError(f"{e}; nothing was kept, the target is untouched", e.key)
+    return e if e.nothing_kept else errors.MaterializationError(str(e), e.key, nothing_kept=True)
   what = str(e) if isinstance(e, errors.ParamRegError) else f"{type(e).__name__}: {e}"
-  return errors.MaterializationError(
-    f"{key}: {what}; nothing was kept, the target is untouched", key
-  )
+  return errors.MaterializationError(f"{key}: {what}", key, nothing_kept=True)

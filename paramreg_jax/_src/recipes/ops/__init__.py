@@ -1,9 +1,12 @@
 """The recipe vocabulary: one file per op, each with its four rules (see ``base.py``).
 
 A recipe describes how to derive one weight from checkpoint tensors: ``source`` reads a key
-(optionally a selection of it) and ``select``, ``concatenate``, ``stack``, ``reshape``,
-``transpose``, ``cast``, ``view``, ``neg_log`` and ``subtract_one`` transform it. There is no
-silent dequantize: packed data stays as it is (``view`` reinterprets bits).
+(optionally a selection of it); ``select``, ``concatenate``, ``stack``, ``reshape``,
+``transpose``, ``cast``, ``view``, ``neg_log`` and ``subtract_one`` transform it; and
+``dequantize``, ``scale_blocks``, ``mxfp4`` and ``block_values``/``block_scales``/
+``block_mins`` read quantized storage. Nothing is dequantized unless a recipe says so: packed
+data stays as it is (``view`` reinterprets bits). ``catalog.OPS`` lists every op; a new one is
+a file here and a line there (``tests/test_op_contract.py`` then asks for its sample).
 """
 
 from paramreg_jax._src.recipes.ops.base import InverseStep

@@ -14,7 +14,8 @@ An op (one file each in this folder) is a frozen, hashable dataclass deriving fr
   ``to_python``).
 
 The drivers pass the small interfaces below (:class:`Building`, :class:`Walking`), so an op
-file imports nothing of theirs. A new op is one new file plus its line in ``__init__.py``.
+file imports nothing of theirs. A new op is one new file plus its line in ``catalog.py``
+(``OPS``) and its export in ``__init__.py``; ``tests/test_op_contract.py`` then asks for a sample.
 """
 
 from __future__ import annotations
