@@ -81,7 +81,7 @@ MUTATIONS = (
   ),
   Mutation(
     "a shard read from the wrong offset",
-    "paramreg_jax/_src/sources/stores.py",
+    "paramreg_jax/_src/sources/storage/stores.py",
     "    store.pread_into(out, offset + a * row, what)\n",
     "    store.pread_into(out, offset + (a + (a + 1 < shape[0])) * row, what)\n",
     ("tests/test_safetensors_differential.py", "-k", "agree"),
@@ -109,14 +109,14 @@ MUTATIONS = (
   ),
   Mutation(
     "remote: a 206 naming other bytes accepted",
-    "paramreg_jax/_src/sources/remote.py",
+    "paramreg_jax/_src/sources/storage/remote.py",
     "    if (first, last) != (start, min(end, total) - 1):\n",
     "    if False:\n",
     ("tests/test_remote_faults.py", "-k", "206"),
   ),
   Mutation(
     "close() closes the descriptor under a read",
-    "paramreg_jax/_src/sources/stores.py",
+    "paramreg_jax/_src/sources/storage/stores.py",
     "      if self.fd >= 0 and self._users == 0:\n        _os_close(self.fd)\n",
     "      if self.fd >= 0:\n        _os_close(self.fd)\n",
     ("tests/test_remote_faults.py", "-k", "closing"),
@@ -159,7 +159,7 @@ MUTATIONS = (
   ),
   Mutation(
     "remote: Authorization follows a redirect that changes only the scheme",
-    "paramreg_jax/_src/sources/http_ranges.py",
+    "paramreg_jax/_src/sources/storage/http_ranges.py",
     '  if before[0] == "https" and after[0] != "https":\n',
     "  before, after = before[1:], after[1:]\n  if False:\n",
     ("tests/test_remote_security.py", "-k", "same_port"),

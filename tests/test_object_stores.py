@@ -238,7 +238,8 @@ def test_an_hf_revision_pins_its_commit_and_its_config(hf, tmp_path):
 
 
 def test_a_gcs_answer_of_another_generation_is_never_used():
-  from paramreg_jax._src.sources import pinning
+  from paramreg_jax._src.sources.storage import answers
+  from paramreg_jax._src.sources.storage import pinning
 
   class FakeGcs:  # what GCS answers when the object was replaced by one of the same size
     protocol = ("gs", "gcs")
@@ -257,7 +258,7 @@ def test_a_gcs_answer_of_another_generation_is_never_used():
   original = fsspec.asyn.sync
   fsspec.asyn.sync = lambda loop, f, *a, **k: f(*a, **k)
   try:
-    with pytest.raises(pinning.Changed, match="generation is now 2, it was 1"):
+    with pytest.raises(answers.Changed, match="generation is now 2, it was 1"):
       pinning.read(fs, "bucket/w", pinning.Pinned(100, None, "1"), 0, 10)
   finally:
     fsspec.asyn.sync = original

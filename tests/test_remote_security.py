@@ -20,7 +20,7 @@ from safetensors.numpy import save
 
 import paramreg_jax as prj
 from paramreg_jax import errors
-from paramreg_jax._src.sources import http_ranges
+from paramreg_jax._src.sources.storage import http_ranges
 
 TENSORS = {"a": np.arange(1024, dtype=np.float32), "b": -np.arange(64, dtype=np.float32)}
 DATA = save(TENSORS)

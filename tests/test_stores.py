@@ -1,4 +1,4 @@
-"""``sources/stores.py`` on its own: descriptors held by reads, paths that leave a folder in any
+"""``sources/storage/stores.py`` on its own: descriptors held by reads, paths that leave a folder in any
 spelling, arguments checked before any request."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import paramreg_jax as prj
-from paramreg_jax._src.sources import remote
-from paramreg_jax._src.sources import stores
+from paramreg_jax._src.sources.storage import remote
+from paramreg_jax._src.sources.storage import stores
 
 
 def test_a_read_holds_the_descriptor_that_close_releases_after_it(tmp_path):

@@ -31,7 +31,7 @@ from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import gguf_format
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources import stores
+from paramreg_jax._src.sources.storage import stores
 
 _PLAIN: dict[str, np.dtype] = {
   "F32": np.dtype(np.float32),

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import remote
-from paramreg_jax._src.sources import stores
+from paramreg_jax._src.sources.storage import remote
+from paramreg_jax._src.sources.storage import stores
 
 _OPENS = (
   "a .safetensors file, a sharded *.index.json or a directory of either; a .gguf file; or an "

@@ -25,8 +25,8 @@ from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import orbax_remote
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources import stores
 from paramreg_jax._src.sources import ts_specs
+from paramreg_jax._src.sources.storage import stores
 
 _METADATA_FILE = "_METADATA"
 # (tree path, orbax array name, shape, dtype, storage chunk shape)

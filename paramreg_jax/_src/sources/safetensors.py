@@ -27,12 +27,12 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import host_memory
-from paramreg_jax._src.sources import hub
-from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources import stores
 from paramreg_jax._src.sources.safetensors_format import INDEX_NAME
 from paramreg_jax._src.sources.safetensors_format import SafetensorsFile
+from paramreg_jax._src.sources.storage import hub
+from paramreg_jax._src.sources.storage import remote
+from paramreg_jax._src.sources.storage import stores
 
 
 class SafetensorsSource(source_lib.BoxSource):

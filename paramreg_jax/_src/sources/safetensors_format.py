@@ -15,9 +15,9 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import host_memory
-from paramreg_jax._src.sources import remote
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources import stores
+from paramreg_jax._src.sources.storage import remote
+from paramreg_jax._src.sources.storage import stores
 
 DTYPES: dict[str, np.dtype] = {
   "BOOL": np.dtype(np.bool_),

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from paramreg_jax._src.sources import http_ranges
-from paramreg_jax._src.sources.http_ranges import OnHead
-from paramreg_jax._src.sources.pinning import Refused
-from paramreg_jax._src.sources.pinning import TooLarge
-from paramreg_jax._src.sources.pinning import Transient
+from paramreg_jax._src.sources.storage import http_ranges
+from paramreg_jax._src.sources.storage.answers import Refused
+from paramreg_jax._src.sources.storage.answers import TooLarge
+from paramreg_jax._src.sources.storage.answers import Transient
+from paramreg_jax._src.sources.storage.http_ranges import OnHead
 
 
 def get(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import re
 import time
 import urllib.parse
 from typing import Any
@@ -31,14 +30,15 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import fsspec_http
-from paramreg_jax._src.sources import http_ranges
-from paramreg_jax._src.sources import pinning
-from paramreg_jax._src.sources.pinning import Changed
-from paramreg_jax._src.sources.pinning import RangeNotSupported
-from paramreg_jax._src.sources.pinning import Refused
-from paramreg_jax._src.sources.pinning import TooLarge
-from paramreg_jax._src.sources.pinning import Transient
+from paramreg_jax._src.sources.storage import answers
+from paramreg_jax._src.sources.storage import fsspec_http
+from paramreg_jax._src.sources.storage import http_ranges
+from paramreg_jax._src.sources.storage import pinning
+from paramreg_jax._src.sources.storage.answers import Changed
+from paramreg_jax._src.sources.storage.answers import RangeNotSupported
+from paramreg_jax._src.sources.storage.answers import Refused
+from paramreg_jax._src.sources.storage.answers import TooLarge
+from paramreg_jax._src.sources.storage.answers import Transient
 
 # Protocols whose objects are read by range requests here (fsspec's names).
 PROTOCOLS = ("http", "https", "gs", "gcs", "s3", "s3a", "hf", "az", "abfs")
@@ -115,7 +115,6 @@ HEAD_BYTES = 64 << 10
 MIN_THROUGHPUT = 1 << 20  # bytes per second
 # the largest index or config document read (streamed; refused past it)
 DOCUMENT_CAP = 64 << 20
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 # what a URL keeps as it is when it is sent (its own escapes included)
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"
 
@@ -265,13 +264,13 @@ class RemoteFile:
   def _check_response(self, headers: Any, start: int, end: int) -> None:
     """A 206 names exactly the bytes asked for, of an object of the opened size and
     validators; the first response pins them."""
-    m = _CONTENT_RANGE.fullmatch(headers.get("Content-Range", "").strip())
-    if m is None:
+    named = answers.content_range(headers.get("Content-Range"))
+    if named is None:
       raise RangeNotSupported(
         f"a 206 response whose Content-Range ({headers.get('Content-Range')!r}) does not name "
         "the bytes and the object's size"
       )
-    first, last, total = (int(x) for x in m.groups())
+    first, last, total = named
     if self._size >= 0 and total != self._size:
       raise Changed(f"its size is now {total} bytes, it was {self._size} when opened")
     if (first, last) != (start, min(end, total) - 1):

@@ -16,32 +16,11 @@ Other fsspec protocols are read by ``cat_file`` with the size checked.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
-
-class RangeNotSupported(Exception):
-  """The server does not answer range requests as asked (a permanent failure)."""
-
-
-class Changed(Exception):
-  """The object at the URL is not the one that was opened."""
-
-
-class Transient(Exception):
-  """A failure worth retrying (a body cut short, HTTP 5xx or 429)."""
-
-
-class TooLarge(Exception):
-  """A document is over its cap."""
-
-
-class Refused(Exception):
-  """A response refused for what it is, not for a passing fault: a redirect from https to
-  plain http, a range answered with more bytes than asked for (a permanent failure)."""
-
-
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+from paramreg_jax._src.sources.storage import answers
+from paramreg_jax._src.sources.storage.answers import Changed
+from paramreg_jax._src.sources.storage.answers import RangeNotSupported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +107,10 @@ def _gcs(fs: Any, path: str, pinned: Pinned, start: int, end: int) -> bytes:
 
 def check_range(content_range: str, pinned: Pinned, start: int, end: int) -> None:
   """An answer names exactly the bytes asked for, of an object of the opened size."""
-  m = _CONTENT_RANGE.fullmatch((content_range or "").strip())
-  if m is None:
+  named = answers.content_range(content_range)
+  if named is None:
     return  # a store that does not say (the body's length is checked by the caller)
-  first, last, total = (int(x) for x in m.groups())
+  first, last, total = named
   if total != pinned.size:
     raise Changed(f"its size is now {total} bytes, it was {pinned.size} when opened")
   if (first, last) != (start, min(end, total) - 1):

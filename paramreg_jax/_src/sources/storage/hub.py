@@ -26,10 +26,10 @@ import urllib.parse
 from typing import Any
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import http_ranges
-from paramreg_jax._src.sources.pinning import Refused
-from paramreg_jax._src.sources.pinning import TooLarge
-from paramreg_jax._src.sources.pinning import Transient
+from paramreg_jax._src.sources.storage import http_ranges
+from paramreg_jax._src.sources.storage.answers import Refused
+from paramreg_jax._src.sources.storage.answers import TooLarge
+from paramreg_jax._src.sources.storage.answers import Transient
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _TYPES = {"datasets": "datasets", "spaces": "spaces"}
@@ -54,7 +54,7 @@ def split(url: str) -> tuple[str, str, str, str]:
   """``(repo_type, repo_id, revision, path)`` of ``hf://[datasets/]org/name[@rev][/path]``.
 
   Examples:
-    >>> from paramreg_jax._src.sources.hub import split
+    >>> from paramreg_jax._src.sources.storage.hub import split
     >>> split("hf://org/model@v1.0/weights/model.safetensors")
     ('models', 'org/model', 'v1.0', 'weights/model.safetensors')
     >>> split("hf://datasets/org/data")

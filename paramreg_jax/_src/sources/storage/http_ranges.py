@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src.sources.pinning import Refused
-from paramreg_jax._src.sources.pinning import TooLarge
-from paramreg_jax._src.sources.pinning import Transient
+from paramreg_jax._src.sources.storage.answers import Refused
+from paramreg_jax._src.sources.storage.answers import TooLarge
+from paramreg_jax._src.sources.storage.answers import Transient
 
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
