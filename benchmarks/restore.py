@@ -59,7 +59,7 @@ def run_case(case: str, workdir: str, tensors: int) -> dict:
   from safetensors.numpy import load_file
 
   from paramreg_jax import recipes as R
-  from paramreg_jax._src.restore.budget import default_max_inflight_bytes
+  from paramreg_jax._src.restore.jax_backend.budget import default_max_inflight_bytes
 
   names = [f"layer_{i:03d}" for i in range(tensors)]
   mesh42 = jax.make_mesh((4, 2), ("x", "y"))

@@ -45,11 +45,11 @@ from paramreg_jax._src.registry.keys import NAMED_KEY_PREFIX
 from paramreg_jax._src.registry.keys import name_to_path
 from paramreg_jax._src.registry.keys import path_to_name
 from paramreg_jax._src.registry.registry import ParamRegistry
-from paramreg_jax._src.restore.backend import JaxBackend
 from paramreg_jax._src.restore.bind import bind
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.restore.contract import ParameterBackend
+from paramreg_jax._src.restore.jax_backend.backend import JaxBackend
 from paramreg_jax._src.restore.materialize import MaterializedUnit
 from paramreg_jax._src.restore.materialize import materialize
 from paramreg_jax._src.restore.pipeline import restore

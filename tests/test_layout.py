@@ -193,3 +193,28 @@ def _snake(name):
 def test_every_inverse_step_belongs_to_one_op():
   names = [s.name for op in ops.OPS for s in op.inverse_steps]
   assert len(names) == len(set(names)) == len(ops.INVERSE_STEPS)
+
+
+def test_the_neutral_restore_pipeline_uses_the_jax_backend_only_as_its_default():
+  """``restore/`` beside ``jax_backend/`` reaches the engine through ``ParameterBackend``:
+  it may construct ``JaxBackend()`` as the default, and ``R.evaluate`` reuses its read plan;
+  nothing else of the engine is used there (a new backend needs nothing more)."""
+  allowed = {"backend": {"JaxBackend"}, "reads": {"plan_windows", "Task"}}
+  found = []
+  for path in sorted((ROOT / "_src" / "restore").glob("*.py")):
+    tree = ast.parse(path.read_text())
+    aliases = {}
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.ImportFrom) and node.module == "paramreg_jax._src.restore.jax_backend"
+      ):
+        for a in node.names:
+          if a.name not in allowed:
+            found.append(f"{_rel(path)} imports jax_backend.{a.name}")
+          aliases[a.asname or a.name] = a.name
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        module = aliases.get(node.value.id)
+        if module is not None and node.attr not in allowed[module]:
+          found.append(f"{_rel(path)} uses {module}.{node.attr}")
+  assert not found, found

@@ -733,7 +733,7 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
 
   from paramreg_jax._src.recipes import compiler
   from paramreg_jax._src.recipes import inference
-  from paramreg_jax._src.restore import reads
+  from paramreg_jax._src.restore.jax_backend import reads
 
   device = jax.devices()[0]
   seconds = {}
@@ -749,7 +749,7 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
     best = float("inf")
     for _ in range(3):
       t0 = time.perf_counter()
-      (window,) = reads.windows(tasks, src, 1 << 30)
+      (window,) = reads.plan_windows(tasks, src, 1 << 30)
       best = min(best, time.perf_counter() - t0)
     assert len(window.tasks) == n and window.nbytes == 0  # CPU hand-offs: restored memory
     seconds[n] = best

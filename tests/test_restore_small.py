@@ -21,7 +21,7 @@ from paramreg_jax import MemorySource
 from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
 from paramreg_jax._src.restore import contract as backend_lib
-from paramreg_jax._src.restore import transfer
+from paramreg_jax._src.restore.jax_backend import transfer
 from paramreg_jax.errors import UnknownTensorError
 
 MESH = jax.make_mesh((4, 2), ("x", "y"))
@@ -195,7 +195,7 @@ def test_the_public_transfer_is_used_when_asked(tmp_path):
 
   code = (
     "import paramreg_jax as prj; prj.use_cpu_devices(8)\n"
-    "from paramreg_jax._src.restore import transfer; import numpy as np, jax\n"
+    "from paramreg_jax._src.restore.jax_backend import transfer; import numpy as np, jax\n"
     "assert transfer._TRANSFER is None\n"
     "from paramreg_jax import MemorySource\n"
     "from jax.sharding import NamedSharding, PartitionSpec as P\n"

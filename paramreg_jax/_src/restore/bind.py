@@ -13,9 +13,9 @@ from typing import Any
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src import patterns as patterns_lib
-from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.restore.jax_backend import backend as backend_lib
 
 
 def bind(

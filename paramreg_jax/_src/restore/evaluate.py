@@ -9,7 +9,7 @@ import numpy as np
 from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore import reads as reads_lib
+from paramreg_jax._src.restore.jax_backend import reads as reads_lib
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
@@ -46,7 +46,7 @@ def evaluate(recipe: ops.Recipe, src: CheckpointSource, index: Any = None) -> np
   inference.infer(recipe, src, memo=metas)
   region = sel_lib.normalize_index(index, metas[id(recipe)].shape, where=str(recipe))
   program = compiler.compile_shard(recipe, metas, region)
-  (window,) = reads_lib.windows([reads_lib.Task(0, [], program)], src, 1 << 62)
+  (window,) = reads_lib.plan_windows([reads_lib.Task(0, [], program)], src, 1 << 62)
   requests = window.requests()
   blocks = dict(zip(requests, src.read_many(requests)))
   return np.ascontiguousarray(program.run(lambda read: window.view(blocks, read)))

@@ -19,10 +19,10 @@ import jax
 from paramreg_jax._src import errors
 from paramreg_jax._src import progress
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.restore.jax_backend import backend as backend_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
 

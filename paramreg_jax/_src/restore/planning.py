@@ -23,9 +23,9 @@ from paramreg_jax._src import patterns as patterns_lib
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
-from paramreg_jax._src.restore import backend as backend_lib
 from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import target as target_lib
+from paramreg_jax._src.restore.jax_backend import backend as backend_lib
 from paramreg_jax._src.restore.plan import PlanEntry
 from paramreg_jax._src.restore.plan import RestorePlan
 from paramreg_jax._src.sources import base as source_lib

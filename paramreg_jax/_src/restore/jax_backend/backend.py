@@ -7,17 +7,17 @@ The data flow ``source -> plan -> materialize -> bind``, on this side of the con
    is compiled with the weight's recipe into reads and one function
    (:mod:`paramreg_jax._src.recipes.compiler`);
 2. the reads are widened to storage granules and merged into blocks, packed into windows that
-   fit the host-memory budget (:mod:`paramreg_jax._src.restore.reads`): a chunk is read once
+   fit the host-memory budget (:mod:`paramreg_jax._src.restore.jax_backend.reads`): a chunk is read once
    per process, whatever number of shards need it;
 3. while the next windows are read, the current window's shards are built by a thread pool
-   (:mod:`paramreg_jax._src.restore.windows`); a shard that is exactly one read is handed over
+   (:mod:`paramreg_jax._src.restore.jax_backend.windows`); a shard that is exactly one read is handed over
    as read;
 4. each weight becomes its global array in batched transfers
-   (:mod:`paramreg_jax._src.restore.handover`, :mod:`paramreg_jax._src.restore.transfer`; on
+   (:mod:`paramreg_jax._src.restore.jax_backend.handover`, :mod:`paramreg_jax._src.restore.jax_backend.transfer`; on
    CPU the devices adopt the aligned buffers: no copy).
 
 Small stored tensors restored as they are take a direct path instead
-(:mod:`paramreg_jax._src.restore.direct`): read stacked, copied into grid order, one transfer.
+(:mod:`paramreg_jax._src.restore.jax_backend.direct`): read stacked, copied into grid order, one transfer.
 
 Under ``jax.distributed`` each process only ever sees its own devices, so it only reads its own
 bytes. No XLA program runs: no compile, no collective, and no device holds more than its shard.
@@ -35,12 +35,12 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore import budget as budget_lib
-from paramreg_jax._src.restore import direct
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.restore import windows
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
+from paramreg_jax._src.restore.jax_backend import budget as budget_lib
+from paramreg_jax._src.restore.jax_backend import direct
+from paramreg_jax._src.restore.jax_backend import windows
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 

@@ -21,10 +21,10 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore import budget as budget_lib
-from paramreg_jax._src.restore import transfer
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
+from paramreg_jax._src.restore.jax_backend import budget as budget_lib
+from paramreg_jax._src.restore.jax_backend import transfer
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib

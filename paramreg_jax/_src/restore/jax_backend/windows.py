@@ -4,7 +4,7 @@ A window is a set of merged blocks that fits a third of the budget. One reader t
 ahead (at most ``budget.DEPTH`` windows alive: being read, read, being built); a thread pool
 builds each window's shards (a strided copy each, into 64-byte aligned buffers); a shard that
 is exactly one aligned read is handed over as read. Each window is handed to the devices
-(:mod:`paramreg_jax._src.restore.handover`) once the previous one's transfers finished.
+(:mod:`paramreg_jax._src.restore.jax_backend.handover`) once the previous one's transfers finished.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore import budget as budget_lib
-from paramreg_jax._src.restore import handover
-from paramreg_jax._src.restore import reads as reads_lib
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
+from paramreg_jax._src.restore.jax_backend import budget as budget_lib
+from paramreg_jax._src.restore.jax_backend import handover
+from paramreg_jax._src.restore.jax_backend import reads as reads_lib
 from paramreg_jax._src.sources import base as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
@@ -75,7 +75,7 @@ class _Run:
     budget: int,
   ):
     self.source = source
-    self.windows = reads_lib.windows(tasks, source, max(1, budget // budget_lib.DEPTH))
+    self.windows = reads_lib.plan_windows(tasks, source, max(1, budget // budget_lib.DEPTH))
     self.keys = [context.key for _, context in requests]
     self.on_bytes = requests[0][1].on_bytes
     self.puts = handover.Puts([context for _, context in requests], tasks)

@@ -163,7 +163,7 @@ def layout(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> Layout:
 
   Examples:
     >>> import jax
-    >>> from paramreg_jax._src.restore.transfer import layout
+    >>> from paramreg_jax._src.restore.jax_backend.transfer import layout
     >>> device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     >>> lay = layout(device, (4, 6))
     >>> lay.grid, lay.regions
@@ -187,7 +187,7 @@ def assembler(
 
   Examples:
     >>> import jax, numpy as np
-    >>> from paramreg_jax._src.restore.transfer import assembler, layout
+    >>> from paramreg_jax._src.restore.jax_backend.transfer import assembler, layout
     >>> sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     >>> make = assembler((2,), np.float32, sharding)
     >>> make(layout(sharding, (2,)).devices, [np.ones(2, np.float32)]).tolist()

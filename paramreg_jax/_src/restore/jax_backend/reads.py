@@ -144,14 +144,16 @@ def _with(
   return changes, total, handed
 
 
-def windows(tasks: Sequence[Task], source: CheckpointSource, window_bytes: int) -> list[Window]:
+def plan_windows(
+  tasks: Sequence[Task], source: CheckpointSource, window_bytes: int
+) -> list[Window]:
   """Packs ``tasks`` in order into windows of at most ``window_bytes`` of blocks.
 
   Examples:
     >>> import numpy as np
     >>> from paramreg_jax import recipes as R
     >>> from paramreg_jax import MemorySource
-    >>> from paramreg_jax._src.restore import reads
+    >>> from paramreg_jax._src.restore.jax_backend import reads
     >>> from paramreg_jax._src.recipes import compiler, inference
     >>> src = MemorySource({"w": np.zeros((4, 4), np.float32)})
     >>> r = R.source("w")
@@ -159,7 +161,7 @@ def windows(tasks: Sequence[Task], source: CheckpointSource, window_bytes: int) 
     >>> _ = inference.infer(r, src, memo=metas)
     >>> halves = [((0, 4), (0, 2)), ((0, 4), (2, 4)), ((0, 4), (1, 3))]
     >>> tasks = [reads.Task(0, [], compiler.compile_shard(r, metas, h)) for h in halves]
-    >>> [w.blocks for w in reads.windows(tasks, src, 1 << 20)]  # the middle box joins both
+    >>> [w.blocks for w in reads.plan_windows(tasks, src, 1 << 20)]  # the middle box joins both
     [{'w': [((0, 4), (0, 4))]}]
   """
   itemsize = {}

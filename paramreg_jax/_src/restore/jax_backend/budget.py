@@ -22,7 +22,7 @@ def default_max_inflight_bytes(remote: bool = False) -> int:
   single shard whose blocks are larger is still read whole.
 
   Examples:
-    >>> from paramreg_jax._src.restore.budget import default_max_inflight_bytes
+    >>> from paramreg_jax._src.restore.jax_backend.budget import default_max_inflight_bytes
     >>> 4 << 20 <= default_max_inflight_bytes() <= 16 << 20
     True
   """

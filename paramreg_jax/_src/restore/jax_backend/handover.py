@@ -8,10 +8,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from paramreg_jax._src.restore import reads as reads_lib
-from paramreg_jax._src.restore import transfer
 from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
+from paramreg_jax._src.restore.jax_backend import reads as reads_lib
+from paramreg_jax._src.restore.jax_backend import transfer
 
 
 def grid_of(task: reads_lib.Task) -> transfer.Layout | None:
