@@ -20,6 +20,7 @@ file imports nothing of theirs. A new op is one new file plus its line in ``cata
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 from collections.abc import Callable
@@ -107,7 +108,7 @@ class InverseStep:
   describe: Callable[..., str]
 
 
-class Recipe:
+class Recipe(abc.ABC):
   """Base of every recipe node (frozen dataclasses; compare and hash by value).
 
   Examples:
@@ -122,17 +123,25 @@ class Recipe:
   def children(self) -> tuple[Recipe, ...]:
     return ()
 
+  @abc.abstractmethod
+  def __str__(self) -> str:
+    """The recipe as it prints (``transpose(source('w'), (1, 0))``)."""
+
+  @abc.abstractmethod
   def infer(self, inputs: list[Meta], src: source_lib.CheckpointSource) -> Meta:
-    raise NotImplementedError(type(self).__name__)
+    """The output's metadata from the inputs' (raises the op's error, naming the node)."""
 
+  @abc.abstractmethod
   def program(self, region: sel_lib.Region, build: Building) -> Run:
-    raise NotImplementedError(type(self).__name__)
+    """The reads and the host function that compute ``region`` of the output."""
 
+  @abc.abstractmethod
   def invert(self, region: InverseRegion, steps: Steps, walk: Walking) -> None:
-    raise NotInvertible(f"{self}: no inverse for {type(self).__name__}")
+    """Where ``region`` of the output goes in the stored tensors (or ``NotInvertible``)."""
 
+  @abc.abstractmethod
   def code(self, code_of: Callable[[Recipe], str]) -> str:
-    raise NotImplementedError(type(self).__name__)
+    """Python that builds the recipe with ``paramreg_jax.recipes as R``."""
 
 
 class Unary(Recipe):
@@ -142,6 +151,41 @@ class Unary(Recipe):
 
   def children(self) -> tuple[Recipe, ...]:
     return (self.input,)
+
+
+class Elementwise(Unary):
+  """An op applied value by value, with one exact inverse step (as jax's ``standard_unop``):
+  a subclass gives its ``name`` (its ``R.`` constructor), ``apply`` (on NumPy values, the
+  node passed for its errors), ``check`` (of its input's metadata) and ``inverse_steps``;
+  the four rules are these."""
+
+  name: ClassVar[str]
+
+  @abc.abstractmethod
+  def apply(self, x: np.ndarray) -> np.ndarray:
+    """The op on a box of NumPy values."""
+
+  def check(self, m: Meta) -> None:
+    """Raises the op's error for an input it is not defined for (by dtype)."""
+
+  def __str__(self) -> str:
+    return f"{self.name}({self.input})"
+
+  def infer(self, inputs: list[Meta], src: source_lib.CheckpointSource) -> Meta:
+    (m,) = inputs
+    self.check(m)
+    return m
+
+  def program(self, region: sel_lib.Region, build: Building) -> Run:
+    operand = build.child(self.input, region)
+    return lambda fetch: self.apply(operand(fetch))
+
+  def invert(self, region: InverseRegion, steps: Steps, walk: Walking) -> None:
+    (step,) = self.inverse_steps
+    walk.walk(self.input, region, (*steps, (step.name,)))
+
+  def code(self, code_of: Callable[[Recipe], str]) -> str:
+    return f"R.{self.name}({code_of(self.input)})"
 
 
 def whole(rank: int) -> InverseRegion:
