@@ -32,6 +32,7 @@ def view(tmp_path_factory):
   return runtime_view(tmp_path_factory.mktemp("runtime-site-packages"))
 
 
+@pytest.mark.slow
 def test_the_docs_build_with_warnings_as_errors(tmp_path):
   out = tmp_path / "html"
   env = {**os.environ, "PARAMREG_DOCS_EXECUTE": "1"}  # the notebooks run, and must not fail

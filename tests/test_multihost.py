@@ -18,6 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import paramreg_jax as prj
 
+pytestmark = pytest.mark.multihost  # real processes on 127.0.0.1, jax.distributed
+
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 
 

@@ -26,6 +26,8 @@ from paramreg_jax import recipes as R
 from paramreg_jax.errors import MissingShardError
 from paramreg_jax.errors import SourceIOError
 
+pytestmark = pytest.mark.emulators  # moto's S3 and gcp-storage-emulator on 127.0.0.1
+
 ROWS, COLS, COUNT = 256, 512, 8  # 4 MiB: an HTTP open reads 64 KiB of each shard
 PAYLOAD = COUNT * ROWS * COLS * 4
 

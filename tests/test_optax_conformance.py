@@ -14,6 +14,7 @@ import sys
 import threading
 
 import optax
+import pytest
 
 from paramreg_jax._src.optim import keyed as keyed_lib
 
@@ -48,6 +49,7 @@ def pytest_collection_modifyitems(config, items):
 """
 
 
+@pytest.mark.slow
 def test_optax_alias_tests_pass_through_keyed(tmp_path, request):
   """Prints its progress (each child's pytest line) while it runs: 3 to 5 minutes."""
   source = SHIPPED.read_text()

@@ -28,6 +28,8 @@ import paramreg_jax as prj
 from paramreg_jax.errors import MaterializationError
 from paramreg_jax.errors import StoreError
 
+pytestmark = pytest.mark.emulators  # moto's S3 and gcp-storage-emulator on 127.0.0.1
+
 ROWS, COLS, COUNT = 256, 256, 4
 LISTINGS = 32 << 10  # what listings, _METADATA and manifests add to the data's bytes
 
