@@ -217,3 +217,9 @@ def test_a_large_weight_never_shares_memory_with_what_read_returned(sharded):
   params = prj.restore(target, Arrays({"big": big}), recipes={"big": R.source("big")})
   big += 1
   np.testing.assert_array_equal(params["big"], before)
+
+
+def test_a_source_of_ones_own_is_named_in_reports():
+  arrays, target = _llama_like()
+  mapping = prj.match(target, Arrays(arrays))
+  assert str(mapping).startswith("Match: 4 parameters from Arrays(4 tensors)\n")

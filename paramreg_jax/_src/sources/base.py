@@ -256,6 +256,13 @@ class CheckpointSource(abc.ABC):
     """Bytes a read of ``region`` touches; the region's own bytes unless chunked."""
     return nbytes_of(sel_lib.region_shape(region), self.metadata(key).dtype)
 
+  def __repr__(self) -> str:
+    """``Name(N tensors)``, in reports and errors (a source may say more: its path)."""
+    try:
+      return f"{type(self).__name__}({len(self.keys())} tensors)"
+    except Exception:  # a catalog that cannot be listed right now: still a name
+      return f"{type(self).__name__}()"
+
   def __enter__(self) -> Self:
     return self
 
