@@ -269,6 +269,27 @@ MUTATIONS = (
     "      if True:\n",
     ("tests/test_match_refusals.py", "-k", "numbered_modules"),
   ),
+  Mutation(
+    "what a source of one's own reads is used unchecked",
+    "paramreg_jax/_src/sources/base.py",
+    "    if out.shape != want or out.dtype != meta.dtype:\n",
+    "    if False:\n",
+    ("tests/test_own_source.py", "-k", "wrong_box or wrong_dtype"),
+  ),
+  Mutation(
+    "a restored weight aliases the source's memory",
+    "paramreg_jax/_src/sources/base.py",
+    "    return read_into_aligned(out, meta.dtype)\n",
+    "    return out\n",
+    ("tests/test_own_source.py", "-k", "never_shares_memory"),
+  ),
+  Mutation(
+    "neg_log loads NaN for values >= 0",
+    "paramreg_jax/_src/recipes/ops/neg_log.py",
+    "    if bad.size:\n",
+    "    if False:\n",
+    ("tests/test_op_contract.py", "-k", "neg_log_of_a_value"),
+  ),
 )
 
 
@@ -276,7 +297,8 @@ def copy_repository(into: pathlib.Path) -> None:
   ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_build", ".hypothesis")
   for part in ("paramreg_jax", "tests"):
     shutil.copytree(ROOT / part, into / part, ignore=ignore)
-  for part in ("conftest.py", "pyproject.toml"):
+  for part in ("conftest.py", "pyproject.toml", "docs/howto/own_source.md"):  # a test runs it
+    (into / part).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / part, into / part)
 
 
