@@ -322,7 +322,7 @@ def test_the_howto_urls_open_as_written_with_the_endpoints_from_the_environment(
   import fsspec
 
   page = (pathlib.Path(__file__).parent.parent / "docs" / "howto" / "remote.md").read_text()
-  urls = re.findall(r'prj\.SafetensorsSource\("((?:hf|s3|gs)://[^"]+)"\)', page)
+  urls = re.findall(r'prj\.(?:load\(target, |SafetensorsSource\()"((?:hf|s3|gs)://[^"]+)"', page)
   assert sorted({u.split("://")[0] for u in urls}) == ["gs", "hf", "s3"], urls
   checkpoint(tmp_path / "ckpt")
   hub = ss.Hub().start()
@@ -340,7 +340,8 @@ def test_the_howto_urls_open_as_written_with_the_endpoints_from_the_environment(
     for kind, options in (("s3", ss.s3_options(s3)), ("gs", ss.gcs_options(gcs))):
       _bucket_at(kind, options, "my-bucket/llama", tmp_path / "ckpt")
     for url in urls:
-      src = prj.SafetensorsSource(url)
+      src = prj.open_source(url)  # what prj.load opens it with
+      assert isinstance(src, prj.SafetensorsSource), url
       assert len(src.keys()) == COUNT and src.config["seed"] == 0, url
     for kind in ("s3", "gs"):
       fsspec.get_filesystem_class(kind).clear_instance_cache()
