@@ -8,6 +8,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import paramreg_jax as prj
 from paramreg_jax._src.sources.storage import remote
@@ -78,3 +80,40 @@ def test_urls_and_their_arguments():
       remote.check_remote_args(*bad)
   with pytest.raises(prj.errors.StoreError, match="ftp:// is not a protocol read here"):
     remote.check_remote_args("ftp://h/x", None, 1, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("size", [1, 4096, (4 << 20) - 1, 4 << 20, (9 << 20) + 13, 40 << 20])
+def test_a_large_read_in_parts_is_the_file_byte_for_byte(tmp_path, size):
+  """Reads of 4 MiB and more go in parallel parts; every byte lands where one read puts it."""
+  data = np.random.default_rng(size).integers(0, 256, size + 100, dtype=np.uint8)
+  (tmp_path / "f").write_bytes(data.tobytes())
+  f = stores.LocalFile(tmp_path / "f")
+  out = np.full(size, 7, np.uint8)
+  f.pread_into(out, 100, "x")
+  np.testing.assert_array_equal(out, data[100:])
+  f.close()
+
+
+def test_a_file_cut_short_under_a_read_in_parts_names_the_bytes(tmp_path):
+  (tmp_path / "f").write_bytes(bytes(10 << 20))
+  f = stores.LocalFile(tmp_path / "f")
+  os.truncate(tmp_path / "f", 7 << 20)
+  with pytest.raises(prj.errors.SourceIOError) as info:
+    f.pread_into(np.empty(10 << 20, np.uint8), 0, "'w'")
+  assert str(info.value).endswith(
+    f"'w' needs bytes up to {10 << 20}, but the file is now {7 << 20} bytes (truncated after "
+    "it was opened?)"
+  )
+  f.close()
+
+
+@given(st.integers(1, 1 << 34))
+def test_parts_cover_a_read_once_in_order(n):
+  parts = stores._parts(n)
+  assert parts[0][0] == 0 and parts[-1][1] == n
+  assert all(a < b for a, b in parts) and all(b == c for (_, b), (c, _) in zip(parts, parts[1:]))
+  assert len(parts) <= stores.PARALLEL_PARTS
+  if n >= 2 * stores.PART_BYTES:
+    assert len(parts) >= 2 and all(b - a >= stores.PART_BYTES for a, b in parts[:-1])
+  else:
+    assert parts == [(0, n)]

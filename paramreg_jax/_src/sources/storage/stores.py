@@ -11,6 +11,7 @@ descriptor while it uses it, so ``close()`` during a read never lets it land on 
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pathlib
 import threading
@@ -23,6 +24,31 @@ from paramreg_jax._src import errors
 # A strided region (columns of a matrix) is read as whole rows through a scratch buffer of at
 # most this many bytes at a time; contiguous regions go straight into the output buffer.
 SCRATCH_BYTES = 8 * 1024 * 1024
+
+
+# A contiguous read of at least 2 * PART_BYTES is split into up to PARALLEL_PARTS parts of at
+# least PART_BYTES, read by a shared pool (pread releases the GIL).
+PART_BYTES = 2 * 1024 * 1024
+PARALLEL_PARTS = 8
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _parts(n: int) -> list[tuple[int, int]]:
+  """``[0, n)`` cut into the byte ranges read at once (one range below ``2 * PART_BYTES``)."""
+  count = max(1, min(PARALLEL_PARTS, n // PART_BYTES))
+  step = -(-n // count)
+  step += -step % 4096  # page-aligned parts
+  return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _io_pool() -> concurrent.futures.ThreadPoolExecutor:
+  with _POOL_LOCK:
+    if not _POOL:
+      _POOL.append(
+        concurrent.futures.ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="paramreg-io")
+      )
+    return _POOL[0]
 
 
 def is_url(path: Any) -> bool:
@@ -77,22 +103,36 @@ class LocalFile:
 
   def pread_into(self, array: np.ndarray, offset: int, what: str) -> None:
     """Fills the C-contiguous ``array`` from ``offset``; a short read (the file shrank) is an
-    error."""
+    error. A large read is split into parts read at once (``PARALLEL_PARTS``): a cold disk
+    serves several requests faster than one, and the page cache is copied by several cores."""
     assert array.flags.c_contiguous  # reshape would copy otherwise, and the read would be lost
     out = array.reshape(-1).view(np.uint8).data
     fd = self._acquire()
     try:
-      done, want = 0, len(out)
-      while done < want:
-        n = os.preadv(fd, [out[done:]], offset + done)
-        if n == 0:
-          raise errors.SourceIOError(
-            f"{self.name}: {what} needs bytes up to {offset + want}, but the file is now "
-            f"{os.fstat(fd).st_size} bytes (truncated after it was opened?)"
-          )
-        done += n
+      parts = _parts(len(out))
+      if len(parts) == 1:
+        self._fill(fd, out, offset, offset + len(out), what)
+      else:
+        pending = [
+          _io_pool().submit(self._fill, fd, out[a:b], offset + a, offset + len(out), what)
+          for a, b in parts
+        ]
+        concurrent.futures.wait(pending)  # every part done before the descriptor is let go
+        for f in pending:
+          f.result()
     finally:
       self._release()
+
+  def _fill(self, fd: int, out: memoryview, offset: int, end: int, what: str) -> None:
+    done, want = 0, len(out)
+    while done < want:
+      n = os.preadv(fd, [out[done:]], offset + done)
+      if n == 0:
+        raise errors.SourceIOError(
+          f"{self.name}: {what} needs bytes up to {end}, but the file is now "
+          f"{os.fstat(fd).st_size} bytes (truncated after it was opened?)"
+        )
+      done += n
 
   def close(self, _os_close=os.close) -> None:
     # ``os.close`` is bound at definition: at interpreter exit ``__del__`` may run after the
