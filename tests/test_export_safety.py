@@ -15,10 +15,10 @@ import sys
 import threading
 
 import hf_models as hf
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from abstract import sds
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
@@ -28,10 +28,6 @@ from paramreg_jax import recipes as R
 from paramreg_jax._src.export import staging as staging_lib
 
 ROOT = pathlib.Path(__file__).parent.parent
-
-
-def sds(*shape):
-  return jax.ShapeDtypeStruct(shape, np.float32)
 
 
 def tied(tmp_path):

@@ -13,6 +13,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from abstract import sds
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
@@ -29,10 +30,6 @@ rng = np.random.default_rng(0)
 
 def rand(*shape):
   return rng.standard_normal(shape).astype(np.float32)
-
-
-def sds(shape, dtype=np.float32):
-  return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
 def values(tree):
@@ -517,7 +514,7 @@ def test_a_dtype_change_is_an_explicit_cast():
   import ml_dtypes
 
   ck = llama_checkpoint()
-  target = jax.tree.map(lambda s: sds(s.shape, ml_dtypes.bfloat16), llama_nnx_target())
+  target = jax.tree.map(lambda s: sds(s.shape, dtype=ml_dtypes.bfloat16), llama_nnx_target())
   m = prj.match(target, MemorySource(ck))
   assert "name + transpose, stacked 2 layers, cast to bfloat16" in str(m)
   got = values(prj.restore(target, MemorySource(ck), recipes=m))

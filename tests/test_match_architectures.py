@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from abstract import sds
 from flax import nnx
 from safetensors import safe_open
 from test_match_refusals import literal_entries
@@ -35,10 +36,6 @@ rng = np.random.default_rng(0)
 
 def rand(*shape):
   return rng.standard_normal(shape).astype(np.float32)
-
-
-def sds(shape):
-  return jax.ShapeDtypeStruct(shape, np.float32)
 
 
 STYLES = sorted(hf.STYLES)

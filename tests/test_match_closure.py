@@ -4,18 +4,14 @@ hint, never where the block does not correspond, never between two leaves alike.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
+from abstract import sds as _sds
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
 from paramreg_jax._src.match import closure
 from paramreg_jax._src.match.candidates import Candidate
-
-
-def _sds(*shape):
-  return jax.ShapeDtypeStruct(shape, np.float32)
 
 
 def _opt_like(layers=2):

@@ -16,6 +16,7 @@ import hf_models as hf
 import jax
 import numpy as np
 import pytest
+from abstract import sds
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
@@ -28,10 +29,6 @@ CASES = sorted(hf.ARCHS)
 
 def rand(*shape):
   return rng.standard_normal(shape).astype(np.float32)
-
-
-def sds(*shape):
-  return jax.ShapeDtypeStruct(shape, np.float32)
 
 
 def setup(name, style_name, *, config=True, tmp_path=None):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import types
 
-import jax
 import numpy as np
 import pytest
+from abstract import sds as _sds
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
@@ -19,10 +19,6 @@ from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 
 rng = np.random.default_rng(0)
-
-
-def _sds(*shape):
-  return jax.ShapeDtypeStruct(shape, np.float32)
 
 
 def _rand(*shape):
