@@ -22,6 +22,8 @@ import numpy as np
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes.ops import base
+from paramreg_jax._src.recipes.ops.concatenate import SLICE
+from paramreg_jax._src.recipes.ops.stack import TAKE
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
@@ -37,8 +39,8 @@ class Placement:
     key: the checkpoint tensor.
     region: one entry per axis of that tensor: ``None`` (whole axis), ``("range", start,
       stop)`` or ``("indices", (i, ...))``.
-    ops: ``(name, *args)`` steps from the parameter's value to the piece's value (each an
-      op's :class:`InverseStep`, ``ops.INVERSE_STEPS[name]``).
+    ops: ``(step, *args)`` steps from the parameter's value to the piece's value, each
+      ``step`` an op's :class:`InverseStep` (run as ``step.apply(value, *args)``).
     shape: the piece's shape (the region's shape), dtype: the tensor's dtype.
   """
 
@@ -119,7 +121,7 @@ def invert(recipe: ops.Recipe, src: CheckpointSource) -> list[Placement]:
     >>> src = MemorySource({"qkv": np.zeros((6, 4), np.float32)})
     >>> [p] = invert(R.transpose(R.source("qkv", Range(0, 2, 4)), (1, 0)), src)
     >>> p.key, p.region, p.ops
-    ('qkv', (('range', 2, 4), None), (('transpose', (1, 0)),))
+    ('qkv', (('range', 2, 4), None), ((transpose, (1, 0)),))
   """
   metas: inference.Metas = {}
   meta = inference.infer(recipe, src, memo=metas)  # validates the recipe once
@@ -130,14 +132,14 @@ def invert(recipe: ops.Recipe, src: CheckpointSource) -> list[Placement]:
 
 def apply(steps: tuple[tuple[Any, ...], ...], value: np.ndarray) -> np.ndarray:
   """Runs a placement's ``ops`` on a parameter's value (host numpy)."""
-  for name, *args in steps:
-    value = ops.INVERSE_STEPS[name].apply(value, *args)
+  for step, *args in steps:
+    value = step.apply(value, *args)
   return value
 
 
 def describe(steps: tuple[tuple[Any, ...], ...]) -> list[str]:
   """Each step of a placement's ``ops`` in words."""
-  return [ops.INVERSE_STEPS[name].describe(*args) for name, *args in steps]
+  return [step.describe(*args) for step, *args in steps]
 
 
 def leading_region(
@@ -148,11 +150,11 @@ def leading_region(
   index: list[Any] = [slice(None)] * len(shape)
   axes = list(range(len(shape)))  # parameter axis of each axis of the current value
   i = 0
-  while i < len(steps) and steps[i][0] in ("slice", "take"):
+  while i < len(steps) and steps[i][0] in (SLICE, TAKE):
     step = steps[i]
     axis = axes[step[1]]
     start = index[axis].start or 0  # an earlier slice of the same axis
-    if step[0] == "slice":
+    if step[0] is SLICE:
       index[axis] = slice(start + step[2], start + step[3])
     else:
       index[axis] = start + step[2]

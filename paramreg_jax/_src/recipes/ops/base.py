@@ -98,14 +98,18 @@ class NotInvertible(Exception):
   """A recipe node that cannot be run backwards; ``str`` says which and why."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class InverseStep:
-  """One step from a parameter's value towards a stored tensor: ``(name, *args)`` in a
-  placement's ``ops``, run by ``apply(value, *args)`` and shown by ``describe(*args)``."""
+  """One step from a parameter's value towards a stored tensor: ``(step, *args)`` in a
+  placement's ``ops``, run by ``step.apply(value, *args)`` and shown by
+  ``step.describe(*args)``. It prints as its name."""
 
   name: str
   apply: Callable[..., np.ndarray]
   describe: Callable[..., str]
+
+  def __repr__(self) -> str:
+    return self.name
 
 
 class Recipe(abc.ABC):
@@ -182,7 +186,7 @@ class Elementwise(Unary):
 
   def invert(self, region: InverseRegion, steps: Steps, walk: Walking) -> None:
     (step,) = self.inverse_steps
-    walk.walk(self.input, region, (*steps, (step.name,)))
+    walk.walk(self.input, region, (*steps, (step,)))
 
   def code(self, code_of: Callable[[Recipe], str]) -> str:
     return f"R.{self.name}({code_of(self.input)})"

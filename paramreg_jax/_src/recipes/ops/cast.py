@@ -37,7 +37,7 @@ class Cast(base.Unary):
 
   def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
     stored = np.dtype(walk.meta(self.input).dtype)
-    walk.walk(self.input, region, (*steps, ("astype", stored)))
+    walk.walk(self.input, region, (*steps, (ASTYPE, stored)))
 
   def code(self, code_of: Callable[[base.Recipe], str]) -> str:
     return f"R.cast({code_of(self.input)}, {self.dtype.name!r})"

@@ -38,4 +38,4 @@ OPS: tuple[type[Recipe], ...] = (
 """Every op; a new one is added here once it has its file."""
 
 INVERSE_STEPS: dict[str, InverseStep] = {s.name: s for op in OPS for s in op.inverse_steps}
-"""The steps of export placements, by name."""
+"""Every step an op's ``invert`` may emit, by name (each name belongs to one op)."""

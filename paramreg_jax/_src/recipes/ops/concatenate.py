@@ -67,7 +67,7 @@ class Concatenate(base.Recipe):
     for child in self.inputs:
       meta = walk.meta(child)
       n = meta.shape[self.axis]
-      step = ("slice", self.axis, offset, offset + n)
+      step = (SLICE, self.axis, offset, offset + n)
       walk.walk(child, base.whole(len(meta.shape)), (*steps, step))
       offset += n
 

@@ -43,7 +43,7 @@ class Reshape(base.Unary):
   def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
     base.require_whole(self, region)
     shape = tuple(walk.meta(self.input).shape)
-    walk.walk(self.input, base.whole(len(shape)), (*steps, ("reshape", shape)))
+    walk.walk(self.input, base.whole(len(shape)), (*steps, (RESHAPE, shape)))
 
   def code(self, code_of: Callable[[base.Recipe], str]) -> str:
     return f"R.reshape({code_of(self.input)}, {self.shape})"

@@ -50,7 +50,7 @@ class Stack(base.Recipe):
     base.require_whole(self, region)
     for i, child in enumerate(self.inputs):
       rank = len(walk.meta(child).shape)
-      walk.walk(child, base.whole(rank), (*steps, ("take", self.axis, i)))
+      walk.walk(child, base.whole(rank), (*steps, (TAKE, self.axis, i)))
 
   def code(self, code_of: Callable[[base.Recipe], str]) -> str:
     codes = [code_of(x) for x in self.inputs]

@@ -48,7 +48,7 @@ class Transpose(base.Unary):
     moved: list[Any] = [None] * len(region)
     for i, axis in enumerate(self.axes):
       moved[axis] = region[i]
-    walk.walk(self.input, tuple(moved), (*steps, ("transpose", back)))
+    walk.walk(self.input, tuple(moved), (*steps, (TRANSPOSE, back)))
 
   def code(self, code_of: Callable[[base.Recipe], str]) -> str:
     return f"R.transpose({code_of(self.input)}, {self.axes})"

@@ -49,7 +49,7 @@ class View(base.Unary):
     base.require_whole(self, region)
     inner = walk.meta(self.input)
     shape = tuple(inner.shape)
-    step = ("view", np.dtype(inner.dtype), shape)
+    step = (VIEW, np.dtype(inner.dtype), shape)
     walk.walk(self.input, base.whole(len(shape)), (*steps, step))
 
   def code(self, code_of: Callable[[base.Recipe], str]) -> str:
