@@ -13,6 +13,17 @@ from paramreg_jax._src.recipes.quant import base
 K = base.QK_K  # values per super-block
 
 
+def _grouped(values: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = None) -> np.ndarray:
+  """``scale * q`` (``- min``) for each group of a super-block, float32 ``[n, 256]``: the
+  values ``[n, 256]``, one scale (and minimum) per group ``[n, groups]``. Every k-quant
+  dequantizes so."""
+  n, groups = scales.shape
+  x = scales.reshape((n, groups, 1)) * values.reshape((n, groups, -1)).astype(np.float32)
+  if mins is not None:
+    x = x - mins.reshape((n, groups, 1))
+  return x.reshape((n, K))
+
+
 # -- Q2_K: super-blocks of 256 2-bit values in 16 groups, each with a 4-bit scale and minimum,
 # and float16 ``d``/``dmin`` (84 bytes): ``x = d * sc * q - dmin * m``.
 
@@ -32,10 +43,7 @@ def _q2_k_values(blocks: np.ndarray) -> np.ndarray:
 
 
 def _q2_k_dequantize(blocks: np.ndarray) -> np.ndarray:
-  n = blocks.shape[0]
-  dl, ml = _q2_k_group_scales(blocks)
-  q = _q2_k_values(blocks).reshape((n, K // 16, 16)).astype(np.float32)
-  return (dl.reshape((n, -1, 1)) * q - ml.reshape((n, -1, 1))).reshape((n, -1))
+  return _grouped(_q2_k_values(blocks), *_q2_k_group_scales(blocks))
 
 
 def _q2_k_split(blocks: np.ndarray) -> base.Parts:
@@ -79,9 +87,7 @@ def _q3_k_values(blocks: np.ndarray) -> np.ndarray:
 
 
 def _q3_k_dequantize(blocks: np.ndarray) -> np.ndarray:
-  n = blocks.shape[0]
-  dl = _q3_k_group_scales(blocks).reshape((n, 16, 1))
-  return (dl * _q3_k_values(blocks).reshape((n, 16, -1)).astype(np.float32)).reshape((n, K))
+  return _grouped(_q3_k_values(blocks), _q3_k_group_scales(blocks))
 
 
 def _q3_k_split(blocks: np.ndarray) -> base.Parts:
@@ -119,10 +125,7 @@ def _q4_k_values(blocks: np.ndarray) -> np.ndarray:
 
 
 def _q4_k_dequantize(blocks: np.ndarray) -> np.ndarray:
-  n = blocks.shape[0]
-  dl, dm = _q4_k_group_scales(blocks)
-  q = _q4_k_values(blocks).reshape((n, -1, 32)).astype(np.float32)
-  return (dl.reshape((n, -1, 1)) * q - dm.reshape((n, -1, 1))).reshape((n, K))
+  return _grouped(_q4_k_values(blocks), *_q4_k_group_scales(blocks))
 
 
 def _q4_k_split(blocks: np.ndarray) -> base.Parts:
@@ -149,10 +152,7 @@ def _q5_k_values(blocks: np.ndarray) -> np.ndarray:
 
 
 def _q5_k_dequantize(blocks: np.ndarray) -> np.ndarray:
-  n = blocks.shape[0]
-  dl, dm = _q4_k_group_scales(blocks)
-  q = _q5_k_values(blocks).reshape((n, -1, 32)).astype(np.float32)
-  return (dl.reshape((n, -1, 1)) * q - dm.reshape((n, -1, 1))).reshape((n, K))
+  return _grouped(_q5_k_values(blocks), *_q4_k_group_scales(blocks))
 
 
 def _q5_k_split(blocks: np.ndarray) -> base.Parts:
@@ -185,10 +185,7 @@ def _q6_k_values(blocks: np.ndarray) -> np.ndarray:
 
 
 def _q6_k_dequantize(blocks: np.ndarray) -> np.ndarray:
-  n = blocks.shape[0]
-  dl = _q6_k_scales(blocks).reshape((n, K // 16, 1))
-  q = _q6_k_values(blocks).reshape((n, K // 16, -1)).astype(np.float32)
-  return (dl * q).reshape((n, K))
+  return _grouped(_q6_k_values(blocks), _q6_k_scales(blocks))
 
 
 def _q6_k_split(blocks: np.ndarray) -> base.Parts:
