@@ -161,3 +161,56 @@ def test_a_tensor_left_over_in_the_block_decides_nothing():
   asked = {t for p in e.value.problems for t in p.targets}
   assert {"layers_0/mlp/Dense_0/kernel", "layers_0/mlp/Dense_1/kernel"} <= asked
   assert "closure" not in str(e.value) + e.value.hints_code
+
+
+def _stem_like():
+  """A ConvNeXt-style stem outside the layers: a patch conv and a norm, stored under one
+  module (``embeddings``) beside a final norm of the same width."""
+  rng = np.random.default_rng(1)
+  shapes = {
+    "embeddings.patch_embeddings.weight": (8, 3, 4, 4),
+    "embeddings.patch_embeddings.bias": (8,),
+    "embeddings.layernorm.weight": (8,),
+    "embeddings.layernorm.bias": (8,),
+    "layernorm.weight": (8,),
+    "layernorm.bias": (8,),
+  }
+  return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def _stem_target():
+  return {
+    "stem": [{"kernel": _sds(4, 4, 3, 8), "bias": _sds(8)}, {"scale": _sds(8), "bias": _sds(8)}],
+    "final_norm": {"scale": _sds(8), "bias": _sds(8)},
+  }
+
+
+def test_a_module_outside_the_layers_closes_on_the_checkpoint_module_it_aligns_with():
+  """``stem/0`` is the patch conv (its shape is the only one of its kind), so ``stem`` is
+  ``embeddings``: the norm left in it takes the norm left there, not the final norm."""
+  ck = _stem_like()
+  target = _stem_target()
+  m = prj.match(target, MemorySource(ck))
+  why = {t: reason for t, _, reason in m.rows()}
+  assert "closure: the last tensor of embeddings that fits it" in why["stem/1/scale"]
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  np.testing.assert_array_equal(got["stem"][1]["scale"], ck["embeddings.layernorm.weight"])
+  np.testing.assert_array_equal(got["stem"][1]["bias"], ck["embeddings.layernorm.bias"])
+  np.testing.assert_array_equal(got["stem"][0]["bias"], ck["embeddings.patch_embeddings.bias"])
+  np.testing.assert_array_equal(got["final_norm"]["scale"], ck["layernorm.weight"])
+
+
+def test_outside_the_layers_never_after_a_hint_in_the_module():
+  ck = _stem_like()
+  hints = {"stem/0/bias": "embeddings.patch_embeddings.bias"}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(_stem_target(), MemorySource(ck), hints=hints)
+  assert "stem/1/scale" in str(e.value) and "closure" not in e.value.hints_code
+
+
+def test_outside_the_layers_a_tensor_left_over_in_the_module_decides_nothing():
+  ck = _stem_like()
+  ck["embeddings.mask_token"] = np.ones((8,), np.float32)  # a third tensor left: no pairing
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(_stem_target(), MemorySource(ck))
+  assert "stem/1/scale" in str(e.value)

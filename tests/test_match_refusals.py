@@ -425,7 +425,7 @@ def _sequential(layer):
 # which of gate and up (code calls them either way round), which of two norms of one width with
 # no name (q and k norms; the block's norms where nothing but their names told them apart)
 _ASKED_WITHOUT_NAMES = frozenset(
-  {"gemma", "llama", "mistral", "olmo2", "persimmon", "phi3", "qwen2", "stablelm"}
+  {"gemma", "llama", "mistral", "olmo2", "phi3", "qwen2", "stablelm"}
 )
 
 

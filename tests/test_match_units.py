@@ -4,9 +4,11 @@ a refusal's text. The whole pipeline is tested by forward pass elsewhere; these 
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
+import paramreg_jax as prj
 from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import decide
@@ -128,3 +130,66 @@ def test_modules_and_layer_templates():
     == "encoder.layer.0.output.dense"
   )
   assert coherence.template("layers_3/conv1/kernel") == "layers_#/conv1/kernel"
+
+
+@pytest.mark.parametrize(
+  "name, indices",
+  [
+    ("DecoderLayer_3/Attention_0/Dense_0/kernel", (3,)),  # a block class flax auto-names
+    ("Transformer/encoderblock_2/MlpBlock_0/Dense_1/kernel", (2,)),  # big_vision
+    ("ConvNeXtStage_1/ConvNeXtBlock_0/Conv_0/kernel", (1, 0)),
+    ("feature_extractor/conv_layers_1/conv/kernel", (1,)),
+    ("MlpBlock_0/Dense_0/kernel", ()),  # a part of a layer, named as a module
+    ("MoeBlock_0/wi_0", ()),
+    ("stem/0/kernel", ()),  # a sequential outside the layers
+    ("classifier.1.weight", ()),
+    ("layers/1/mlp/layers/0/weight", (1,)),  # equinox's MLP: its list holds its modules
+    ("model.layers.3.block_sparse_moe.experts.7.w1.weight", (3, 7)),
+    ("layers/0/1/0/kernel", (0,)),
+  ],
+)
+def test_which_numbers_are_layers(name, indices):
+  assert concepts(name).indices == indices
+
+
+def test_layer_scales_weight_norms_and_torch_attention_fold_to_roles():
+  assert {"layerscale", "attn"} <= concepts("encoder.layer.0.layer_scale1.lambda1").tokens
+  assert {"layerscale", "mlp"} <= concepts("blocks/0/ls2").tokens
+  g = concepts("encoder.pos_conv_embed.conv.parametrizations.weight.original0").tokens
+  assert "weightnorm" in g
+  assert coherence.checkpoint_module("conv.parametrizations.weight.original1") == "conv"
+  assert coherence.checkpoint_module("conv.weight_g") == "conv"
+  assert concepts("head.attention.in_proj_weight").tokens >= {"qkv", "w"}
+  assert evidence.layout_by_name("vision_model.head.attention.in_proj_bias") == "contiguous"
+  assert coherence.template("DecoderLayer_3/mlp/layers/1/w") == "DecoderLayer_#/mlp/layers/1/w"
+
+
+def _sds(*shape):
+  return jax.ShapeDtypeStruct(shape, np.float32)
+
+
+def test_a_weight_only_its_own_shape_fits_is_taken_only_when_nothing_else_could_be():
+  rng = np.random.default_rng(0)
+  ck = {
+    "stem.weight": rng.standard_normal((8, 3, 4, 4)).astype(np.float32),
+    "classifier.weight": rng.standard_normal((5, 8)).astype(np.float32),
+    "norm.weight": rng.standard_normal((8,)).astype(np.float32),
+  }
+  target = {"Conv_0": {"kernel": _sds(4, 4, 3, 8)}, "Dense_0": {"kernel": _sds(8, 5)}}
+  rows = {t: (r, why) for t, r, why in prj.match(target, prj.MemorySource(ck)).rows()}
+  assert rows["Conv_0/kernel"] == (
+    "transpose(source('stem.weight'), (2, 3, 1, 0))",
+    "unique shape, both conv kernels",
+  )
+  assert rows["Dense_0/kernel"][1] == "unique shape, both linear weights"
+  # a vector is never taken so, nor a weight a second leaf could be
+  with pytest.raises(prj.MatchError):
+    prj.match({"Gain_0": {"scale": _sds(8)}}, prj.MemorySource(ck))
+  two = {**target, "Dense_1": {"kernel": _sds(5, 8)}}  # classifier.weight as stored, too
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(two, prj.MemorySource(ck))
+  assert "Dense_0/kernel" in str(e.value)
+  # an embedding table is not a linear kernel (a tied head is decided by its own evidence)
+  emb = {"embeddings.word_embeddings.weight": np.zeros((99, 8), np.float32)}
+  with pytest.raises(prj.MatchError):
+    prj.match({"Dense_0": {"kernel": _sds(8, 99)}}, prj.MemorySource(emb))

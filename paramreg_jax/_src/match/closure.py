@@ -9,7 +9,9 @@ layout), and the pairing by shape is forced, each forced pair is taken, reported
 It decides only then, and nothing else:
 
 - never in a block where a hint decided a leaf (the user's word is not evidence about the
-  rest), never outside a numbered block (the top level aligns with nothing);
+  rest), never at the top level (it aligns with nothing); outside the layers, a container
+  (``stem``) whose decided leaves all come from under one checkpoint module
+  (``embeddings``) is a block of its own;
 - only a pair every perfect pairing of the block makes: a leaf that fits one tensor left, or
   a tensor left that one leaf fits; two leaves that fit the same two tensors (two norms of one
   width, gate and up) stay open and are asked;
@@ -43,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from collections.abc import Mapping
 
+from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.evidence import Checkpoint
 
@@ -55,11 +58,13 @@ def settle(
   blocks: Mapping[str, Block],
   ck: Checkpoint,
   hinted: Collection[Block],
+  hinted_leaves: Collection[str] = (),
 ) -> dict[str, tuple[Candidate, str]]:
   """``{open leaf: (candidate, why)}`` for the pairs closure forces.
 
-  ``blocks``: every target leaf's layer (leaves outside a layer are not in it); ``decided``:
-  the keys of each decided leaf; ``hinted``: the layers where a hint decided a leaf."""
+  ``blocks``: every target leaf's layer (``()`` outside the layers); ``decided``: the keys of
+  each decided leaf; ``hinted``: the layers where a hint decided a leaf; ``hinted_leaves``:
+  the leaves a hint decided."""
   members: dict[Block, list[str]] = {}
   for name, block in blocks.items():
     if block:
@@ -76,6 +81,76 @@ def settle(
     edges = {n: _edges(open_[n], free) for n in left}
     for name, cand in _forced(edges).items():
       out[name] = (cand, f"the last tensor of layer {block} that fits it")
+  out.update(_outside_layers(open_, decided, blocks, ck, frozenset(hinted_leaves), used))
+  return out
+
+
+def _outside_layers(
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  blocks: Mapping[str, Block],
+  ck: Checkpoint,
+  hinted: frozenset[str],
+  used: set[str],
+) -> dict[str, tuple[Candidate, str]]:
+  """Closure inside a module outside the layers (a stem, the embeddings): the nearest target
+  container above an open leaf's module that holds decided leaves aligns with the checkpoint
+  module their tensors share (``stem`` with ``embeddings`` when ``stem/0`` is
+  ``embeddings.patch_embeddings``); its leaves left take its tensors left as in a layer. Never
+  at the top level, never in a container where a hint decided a leaf."""
+  out: dict[str, tuple[Candidate, str]] = {}
+  tried: set[str] = set()
+  for name in [n for n in open_ if not blocks.get(n)]:
+    parts = name.split("/")
+    for depth in range(len(parts) - 2, 0, -1):
+      container = "/".join(parts[:depth])
+      members = [n for n in blocks if n.startswith(container + "/") and not blocks[n]]
+      done = [n for n in members if n in decided]
+      if not done:
+        continue
+      if container not in tried and not hinted & {*members}:
+        tried.add(container)
+        out.update(_close_container(container, members, open_, decided, ck, used))
+      break
+  return out
+
+
+def _close_container(
+  container: str,
+  members: list[str],
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  ck: Checkpoint,
+  used: set[str],
+) -> dict[str, tuple[Candidate, str]]:
+  parents = [
+    coherence.checkpoint_module(k).split(".")[:-1]
+    for n in members
+    if n in decided
+    for k in decided[n]
+  ]
+  where = ".".join(_common(parents))
+  if not where:
+    return {}
+  left = [n for n in members if n not in decided]
+  free = [
+    k
+    for k in ck.shapes
+    if k.startswith(where + ".") and k not in used and not ck.concepts[k].indices
+  ]
+  if not left or len(left) != len(free) or any(n not in open_ for n in left):
+    return {}
+  edges = {n: _edges(open_[n], free) for n in left}
+  return {n: (c, f"the last tensor of {where} that fits it") for n, c in _forced(edges).items()}
+
+
+def _common(paths: list[list[str]]) -> list[str]:
+  """The leading components every path shares."""
+  out: list[str] = []
+  for parts in zip(*paths):
+    if len(set(parts)) != 1:
+      break
+    out.append(parts[0])
   return out
 
 

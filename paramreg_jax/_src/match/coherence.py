@@ -42,7 +42,6 @@ KIND_WORDS = frozenset(
 )
 _SPLIT = re.compile(r"[./]")
 _PARTS = re.compile(r"([./]|~1)")  # ~1: an escaped "/" inside a component (haiku's "/~/")
-_CONTAINER = re.compile(r"^((?:layers|layer|h|block|blocks)_)\d+$", re.IGNORECASE)
 
 
 def target_module(name: str) -> str | None:
@@ -56,6 +55,10 @@ def checkpoint_module(key: str) -> str:
   weight stored under its module's own name has its bias as a ``_bias`` sibling (gpt-oss's
   and transformers 5's fused experts: ``experts.gate_up_proj`` and
   ``experts.gate_up_proj_bias``), one module."""
+  if ".parametrizations." in key:  # torch's weight norm: conv.parametrizations.weight.original1
+    return key.split(".parametrizations.")[0]
+  if key.endswith((".weight_g", ".weight_v")):  # the same, as older torch saves it
+    return key[: -len(".weight_g")]
   parts = _SPLIT.split(key)
   if len(parts) > 1 and parts[-1].lower() in KIND_WORDS:
     return key[: -len(parts[-1]) - 1]
@@ -74,14 +77,16 @@ def template(name: str) -> str:
   ``experts.7``; not the ``1`` of ``conv1`` or ``norm_1``, nor a sequential's module number
   after the layer's: ``h_0/2/scale`` is ``h_#/2/scale``)."""
   parts = _PARTS.split(name)
-  seen, previous = False, ""
+  seen, inside, previous = False, False, ""
   for i, part in enumerate(parts):
     if part in (".", "/", "~1"):
       continue
-    if part.isdigit() and (not seen or vocabulary.numbers_items(previous)):
-      parts[i], seen = "#", True
-    elif "_" in part and (m := _CONTAINER.match(part)):
-      parts[i], seen = m.group(1) + "#", True
+    if part.isdigit() and (not previous or vocabulary.indexes(previous, not seen, inside)):
+      parts[i], seen, inside = "#", True, False
+    elif "_" in part and vocabulary.is_container(part):
+      parts[i], seen, inside = part.rsplit("_", 1)[0] + "_#", True, False
+    else:
+      inside = inside or (seen and vocabulary.in_role(part))
     previous = part
   return "".join(parts)
 

@@ -144,9 +144,12 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
 
 
 def layout_by_name(key: str) -> str | None:
-  """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``, and
-  transformers 5's fused experts ``experts.gate_up_proj`` (``[gate | up]``, always)."""
-  if re.search(r"(^|\.)attn\.c_attn\.|(^|\.)experts\.gate_up_proj$", key):
+  """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``, torch's own
+  ``nn.MultiheadAttention`` (``in_proj_weight``: ``[q | k | v]``, always), and transformers
+  5's fused experts ``experts.gate_up_proj`` (``[gate | up]``, always)."""
+  if re.search(
+    r"(^|\.)attn\.c_attn\.|(^|\.)in_proj_(weight|bias)$|(^|\.)experts\.gate_up_proj$", key
+  ):
     return "contiguous"
   return None
 

@@ -70,12 +70,19 @@ def _families(names: list[str]) -> dict[tuple[str, str, str], dict[int, str]]:
 
 def role(tokens: frozenset[str]) -> tuple[str, int] | None:
   """A tensor's place in a block's call order: ``(what, rank)``, or None if not known."""
+  if "layerscale" in tokens and len({"attn", "mlp"} & tokens) == 1:  # scales what it follows
+    return ("attn layer scale", 8) if "attn" in tokens else ("mlp layer scale", 9)
   if "norm" in tokens:
     stage = 0 if "attn" in tokens else 2 if "mlp" in tokens else None
     if stage is None or ("attn" in tokens and "mlp" in tokens):
       return None
+    if stage == 0 and len({"q", "k"} & tokens) == 1:  # q_norm, k_norm: q's is applied first
+      which = "q" if "q" in tokens else "k"
+      return f"{which} norm", 1 if which == "q" else 2
     post = "post" in tokens
-    return f"{'attn' if stage == 0 else 'mlp'} {'post-norm' if post else 'norm'}", stage + post
+    return f"{'attn' if stage == 0 else 'mlp'} {'post-norm' if post else 'norm'}", (
+      2 * stage + 3 * post
+    )
   found = [r for r in _RANKS if r in tokens]
   return (found[0], _RANKS[found[0]]) if len(found) == 1 else None
 

@@ -36,6 +36,9 @@ _PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
   (("densereludense", "wi_1"), ("mlp", "up")),
   (("densereludense", "wo"), ("mlp", "down")),
   (("patch_embeddings", "projection"), ("patch", "embed")),  # ViT
+  # haiku's MultiHeadAttention: query, key, value, then its output projection "linear"
+  (("mha", "linear"), ("attn", "o")),
+  (("multi_head_attention", "linear"), ("attn", "o")),
   (("attn", "c_attn"), ("attn", "qkv")),  # GPT-2 (Conv1D, [in, out])
   (("attn", "c_proj"), ("attn", "o")),
   (("mlp", "c_fc"), ("mlp", "up")),
@@ -52,7 +55,13 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("w",) for w in ("weight", "kernel", "scale", "embedding", "gamma", "g")},
   **{w: ("b",) for w in ("bias", "beta", "offset", "shift")},  # haiku/penzai: offset, shift
   # attention
-  **{w: ("attn",) for w in ("attn", "attention", "self_attn", "self_attention", "selfattention")},
+  **{
+    w: ("attn",)
+    for w in (
+      *("attn", "attention", "self_attn", "self_attention", "selfattention"),
+      *("mha", "multi_head_attention", "multiheaddotproductattention"),  # haiku, flax
+    )
+  },
   **{w: ("xattn",) for w in ("xattn", "encdecattention", "cross_attn", "crossattention", "cross")},
   "encoder_attn": ("xattn",),
   "encoder_decoder_attention": ("xattn",),  # t5x, flax's WMT example
@@ -63,6 +72,8 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("o",) for w in ("o", "o_proj", "out_proj", "out", "wo", "out_lin", "output_proj")},
   **{f"b{p}": (c, "b") for p, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"))},
   **{w: ("qkv",) for w in ("qkv", "qkv_proj", "c_attn", "query_key_value", "wqkv")},
+  "in_proj_weight": ("qkv", "w"),  # torch's nn.MultiheadAttention: q, k, v rows in one
+  "in_proj_bias": ("qkv", "b"),
   # mlp
   **{w: ("mlp",) for w in ("mlp", "ffn", "ffw", "feed_forward", "feedforward", "densereludense")},
   **{w: ("gate",) for w in ("gate", "gate_proj", "w1")},
@@ -86,6 +97,8 @@ _WORDS: dict[str, tuple[str, ...]] = {
   # mixture of experts: the block's MLP (MaxText's flax-named MoeBlock_0 too)
   **{w: ("moe", "mlp") for w in ("moe", "block_sparse_moe", "sparse_moe", "switch_mlp")},
   "moeblock": ("moe", "mlp"),
+  "mlpblock": ("mlp",),  # big_vision's MlpBlock_0
+  "maphead": ("head",),  # big_vision's attention-pooling head (SigLIP: vision_model.head)
   **{w: ("experts",) for w in ("experts", "expert")},
   "norms": ("heads",),  # StableLM: q_layernorm.norms.{h}, one norm module per head
   **{w: ("router",) for w in ("router", "gating", "w_gate_router")},
@@ -105,6 +118,19 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "layernorm_after": ("mlp", "norm"),
   "attn_norm": ("attn", "norm"),
   "xattn_norm": ("xattn", "norm"),
+  # a layer scale (CaiT, DINOv2, ConvNeXt): a learned per-channel gain on a sublayer's output;
+  # the first (ls1, layer_scale1, gamma_1) scales the attention's, the second the MLP's
+  **{w: ("layerscale",) for w in ("layer_scale", "layerscale", "layer_scale_parameter")},
+  **{w: ("layerscale", "attn") for w in ("ls1", "layer_scale1", "gamma_1")},
+  **{w: ("layerscale", "mlp") for w in ("ls2", "layer_scale2", "gamma_2")},
+  "lambda1": ("w",),  # DINOv2: layer_scale1.lambda1
+  # weight norm: torch's gain (``parametrizations.weight.original0``, ``weight_g``) is flax
+  # nn.WeightNorm's ``scale``; the direction (``original1``, ``weight_v``) the module's weight
+  "parametrizations": (),
+  **{w: ("weightnorm",) for w in ("original0", "weightnorm")},
+  "original1": (),
+  "weight_g": ("weightnorm", "w"),
+  "weight_v": ("w",),
   "norm1": ("attn", "norm"),  # timm / ViT-style blocks: norm1 before attention, norm2 before MLP
   "norm2": ("mlp", "norm"),
   "ln1": ("attn", "norm"),
@@ -161,11 +187,43 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "ssm_a": ("ssm", "a", "log"),
   "ssm_out": ("ssm", "o"),
   "embed_out": ("head",),  # GPT-NeoX
+  **{w: ("cls",) for w in ("cls", "cls_token", "class_token", "class_embedding")},
+  "token_embedding": ("embed",),  # CLIP; "embedding" alone is a leaf's kind
+  **{w: ("pos", "embed") for w in ("position_embedding", "positional_embedding")},
+  "visual": ("vision",),  # CLIP: visual_projection
+  "projection": ("proj",),
+  **{w: ("pre", "norm") for w in ("pre_layrnorm", "pre_layernorm", "pre_norm")},  # CLIP's
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed", "logits_dense")},
 }
 
 _SEPARATORS = re.compile(r"[./~]")
 _NUMBERS_ITEMS = frozenset({"layers", "experts", "heads"})  # a word whose next number indexes
+
+
+# a sequential of the model's own, outside its layers: ``stem/0`` is the stem's first module,
+# ``classifier.1`` the head's second, not layer 0 or 1
+_SEQUENTIALS = frozenset({"stem", "head", "classifier", "downsample", "neck", "pooler"})
+
+
+_ROLES = frozenset({"mlp", "attn", "xattn"})
+
+
+def in_role(word: str) -> bool:
+  """Whether ``word`` names a part of a layer (``mlp``, ``self_attn``): a list of layers
+  under it (equinox's ``mlp/layers/0``) holds its modules, not the model's layers."""
+  return bool(_ROLES & set(_WORDS.get(word.lower(), ())))
+
+
+def indexes(previous: str, first: bool, inside: bool = False) -> bool:
+  """Whether a number after the word ``previous`` indexes layers (or experts, heads): the
+  first number of a name does, unless it numbers a sequential outside the layers
+  (``stem/0``); a later one only after a word that numbers its items (``experts.3``), and
+  not after ``layers`` ``inside`` a part of a layer (``mlp/layers/1``)."""
+  if first:
+    return previous.lower() not in _SEQUENTIALS
+  if inside and _WORDS.get(previous.lower()) == ("layers",):
+    return False
+  return numbers_items(previous)
 
 
 def numbers_items(word: str) -> bool:
@@ -175,6 +233,39 @@ def numbers_items(word: str) -> bool:
 
 
 _CONTAINER_INDEX = re.compile(r"^(layers|layer|h|block|blocks)_(\d+)$")  # linen: layers_3
+# a block class flax auto-names (``DecoderLayer_0``, big_vision's ``encoderblock_3``,
+# ``ResNetBlock_1``, ``ConvNeXtStage_0``): its number is a layer's, unless the class is named
+# for a part of a layer (``MlpBlock_0``, ``AttentionBlock_0``, MaxText's ``MoeBlock_0``)
+_BLOCK_CLASS = re.compile(r"^([a-z][a-z0-9_]*?)_?(layers|layer|blocks|block|stages|stage)_(\d+)$")
+
+
+def _container(word: str) -> tuple[str, ...] | None:
+  """The words a numbered container stands for (``layers_3`` -> layers; ``decoderlayer_0`` ->
+  decoder, layers), or None when ``word`` (lower case) is not one."""
+  if "_" not in word:
+    return None
+  if m := _CONTAINER_INDEX.match(word):
+    return (m.group(1),)
+  m = _BLOCK_CLASS.match(word)
+  if not m or word.rsplit("_", 1)[0] in _WORDS:
+    return None
+  pre = m.group(1)
+  if _WORDS.get(pre):  # mlpblock, attentionblock: a part of a layer, named as a module
+    return None
+  if "_" in word[len(pre) : len(pre) + 1] or pre in ("encoder", "decoder"):
+    return (pre, "layers")  # conv_layers_0: its words; DecoderLayer_0: the class's role
+  return ("layers",)  # ResNetBlock_0, encoderblock_3: the class name says nothing more
+
+
+def is_container(word: str) -> bool:
+  """Whether a component numbers a layer (``layers_3``, ``DecoderLayer_0``)."""
+  return _container(word.lower()) is not None
+
+
+def _container_number(word: str) -> int:
+  return int(word.rsplit("_", 1)[1])
+
+
 # the name flax gives a module class lifted by nn.scan (``nn.scan(DecoderLayer)`` is
 # ``ScanDecoderLayer``, auto-named ``ScanDecoderLayer_0``; ``nn.scan(nn.remat(Block))`` is
 # ``ScanCheckpointBlock_0``)
@@ -213,23 +304,27 @@ def _words(
   keys of an MoE checkpoint share a handful of shapes."""
   parts: list[str] = []
   where: list[tuple[int, int | None]] = []
+  inside = False  # in a part of a layer since the last index
   for n, raw in enumerate(shape):
     word = raw.lower()
     if n == 0 and word in noise:
       continue
-    m = _CONTAINER_INDEX.match(word) if "_" in word else None
+    container = _container(word)
     if _SCANNED.match(raw):  # linen's nn.scan over a block: its layers on a leading axis
       parts.append("layers")
-    elif m:
-      parts.append(m.group(1))
+    elif container:
+      parts.extend(container)
       where.append((n, 2))
+      inside = False
     elif word == "#":
       # the first number is a layer's; a later one only after a word that numbers its items
       # (``experts.3``, ``norms.2``, ``blocks.1``): ``mlp/0`` is a sequential's first module
-      if not where or (n and numbers_items(shape[n - 1])):
+      if n == 0 or indexes(shape[n - 1], not where, inside):
         where.append((n, None))
+        inside = False
     elif word:
       parts.append(word)
+      inside = inside or (bool(where) and in_role(word))
   tokens, kind, bare = _fold(tuple(parts), bool(where))
   return tokens, kind, bare, tuple(where)
 
@@ -336,8 +431,5 @@ def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
   name = name.replace("~1", "/").replace("~0", "~")
   words = _SEPARATORS.split(name.strip("./~"))
   tokens, kind, bare, where = _words(tuple("#" if w.isdigit() else w for w in words), noise)
-  indices = [
-    int(words[i]) if group is None else int(_CONTAINER_INDEX.match(words[i].lower()).group(2))  # type: ignore[union-attr]
-    for i, group in where
-  ]
+  indices = [int(words[i]) if group is None else _container_number(words[i]) for i, group in where]
   return Concepts(name, tokens, tuple(indices), kind, bare)

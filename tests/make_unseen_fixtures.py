@@ -1,0 +1,107 @@
+"""Generates the tiny Hugging Face checkpoints under ``tests/data/unseen/`` (run once, committed).
+
+Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
+CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode and ResNet, each randomly
+initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``,
+``config.json``). ``tests/test_match_unseen.py`` writes targets for them in the styles JAX code
+is written in (flax auto-names, big_vision, timm sequentials, haiku, equinox, stacked layers)
+and checks every restored leaf against a conversion written out by hand.
+
+The test suite needs neither torch nor transformers. To regenerate::
+
+    pip install torch transformers
+    python tests/make_unseen_fixtures.py           # all
+    python tests/make_unseen_fixtures.py convnext  # one
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import torch
+import transformers as tf
+
+OUT = pathlib.Path(__file__).parent / "data" / "unseen"
+_TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+_TEXT = dict(**_TOWER, vocab_size=99, max_position_embeddings=16)
+_VISION = dict(**_TOWER, image_size=32, patch_size=8)
+
+CASES = {
+  "convnext": lambda: tf.ConvNextForImageClassification(
+    tf.ConvNextConfig(
+      num_channels=3,
+      patch_size=4,
+      num_stages=3,
+      hidden_sizes=[8, 16, 24],
+      depths=[2, 2, 2],
+      num_labels=5,
+      image_size=32,
+    )
+  ),
+  "dinov2": lambda: tf.Dinov2Model(
+    tf.Dinov2Config(**{**_VISION, "intermediate_size": 128}, layerscale_value=0.5)
+  ),
+  "clip": lambda: tf.CLIPModel(
+    tf.CLIPConfig(text_config=_TEXT, vision_config=_VISION, projection_dim=24)
+  ),
+  "siglip": lambda: tf.SiglipModel(tf.SiglipConfig(text_config=_TEXT, vision_config=_VISION)),
+  "wav2vec2": lambda: tf.Wav2Vec2Model(
+    tf.Wav2Vec2Config(
+      **_TOWER,
+      conv_dim=(16, 16),
+      conv_stride=(5, 2),
+      conv_kernel=(10, 3),
+      num_conv_pos_embeddings=16,
+      num_conv_pos_embedding_groups=4,
+      feat_extract_norm="group",
+    )
+  ),
+  "qwen3": lambda: tf.Qwen3ForCausalLM(
+    tf.Qwen3Config(
+      vocab_size=99,
+      hidden_size=32,
+      intermediate_size=64,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=8,
+      tie_word_embeddings=False,
+    )
+  ),
+  "resnet": lambda: tf.ResNetForImageClassification(
+    tf.ResNetConfig(
+      num_channels=3,
+      embedding_size=8,
+      hidden_sizes=[8, 16],
+      depths=[1, 1],
+      layer_type="basic",
+      num_labels=5,
+    )
+  ),
+  "swin": lambda: tf.SwinModel(
+    tf.SwinConfig(
+      image_size=32, patch_size=4, embed_dim=8, depths=[2, 2], num_heads=[2, 4], window_size=4
+    )
+  ),
+  "electra": lambda: tf.ElectraModel(tf.ElectraConfig(**_TEXT, embedding_size=16)),
+  "gpt_bigcode": lambda: tf.GPTBigCodeForCausalLM(
+    tf.GPTBigCodeConfig(
+      vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=16, multi_query=True
+    )
+  ),
+}
+
+
+def main(names: list[str]) -> None:
+  for name in names or list(CASES):
+    torch.manual_seed(0)
+    model = CASES[name]().eval()
+    out = OUT / name
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    print(name, len(model.state_dict()), "tensors ->", out)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
