@@ -34,4 +34,4 @@ def strict_promotion():
 # Scripts that tests run as separate processes (they initialise jax.distributed at import).
 collect_ignore_glob = ["tests/*_worker.py", "tests/*_shim.py"]
 # Generate tests/data/hf and tests/data/quantized with torch + transformers (not test dependencies).
-collect_ignore_glob += ["tests/make_hf_fixtures.py", "tests/make_gguf_fixtures.py"]
+collect_ignore_glob += ["tests/make_*_fixtures.py"]
