@@ -33,5 +33,5 @@ def strict_promotion():
 
 # Scripts that tests run as separate processes (they initialise jax.distributed at import).
 collect_ignore_glob = ["tests/*_worker.py", "tests/*_shim.py"]
-# Generate tests/data/hf and tests/data/quantized with torch + transformers (not test dependencies).
+# Generate tests/data/{hf,quantized,unseen} with torch + transformers (not test dependencies).
 collect_ignore_glob += ["tests/make_*_fixtures.py"]

@@ -735,6 +735,150 @@ def dinov2_levanter():
   return "dinov2", e
 
 
+def qwen3_gemma_style():
+  """google-deepmind/gemma's flax layout: einsum weights, kv stacked, gate/up stacked"""
+  c = ld("qwen3")
+  H, K, Dh, D = 4, 2, 8, 32
+  e = {
+    "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
+    "final_norm": {"scale": c["model.norm.weight"]},
+  }
+  for i in range(2):
+    q = f"model.layers.{i}."
+    qw = c[q + "self_attn.q_proj.weight"].reshape(H, Dh, D).transpose(0, 2, 1)  # [N, D, H]
+    kw = c[q + "self_attn.k_proj.weight"].reshape(K, Dh, D).transpose(0, 2, 1)
+    vw = c[q + "self_attn.v_proj.weight"].reshape(K, Dh, D).transpose(0, 2, 1)
+    ow = c[q + "self_attn.o_proj.weight"].T.reshape(H, Dh, D)  # [N, H, D]
+    e[f"layer_{i}"] = {
+      "pre_attention_norm": {"scale": c[q + "input_layernorm.weight"]},
+      "attn": {
+        "q_einsum": {"w": np.ascontiguousarray(qw)},
+        "kv_einsum": {"w": np.ascontiguousarray(np.stack([kw, vw]))},
+        "attn_vec_einsum": {"w": np.ascontiguousarray(ow)},
+        "_query_norm": {"scale": c[q + "self_attn.q_norm.weight"]},
+        "_key_norm": {"scale": c[q + "self_attn.k_norm.weight"]},
+      },
+      "pre_ffw_norm": {"scale": c[q + "post_attention_layernorm.weight"]},
+      "mlp": {
+        "gating_einsum": np.ascontiguousarray(
+          np.stack([c[q + "mlp.gate_proj.weight"], c[q + "mlp.up_proj.weight"]])
+        ),
+        "linear": np.ascontiguousarray(c[q + "mlp.down_proj.weight"].T),
+      },
+    }
+  e["lm_head"] = T(c["lm_head.weight"])
+  return "qwen3", {"transformer": e}
+
+
+def electra_nnx_vit_like():
+  """flax NNX BERT-ish with `nnx.MultiHeadAttention` names and heads split"""
+  c = ld("electra")
+  H = 4
+  e = {
+    "embeddings": {
+      "word": {"embedding": c["embeddings.word_embeddings.weight"]},
+      "position": {"embedding": c["embeddings.position_embeddings.weight"]},
+      "token_type": {"embedding": c["embeddings.token_type_embeddings.weight"]},
+      "norm": {"scale": c["embeddings.LayerNorm.weight"], "bias": c["embeddings.LayerNorm.bias"]},
+    },
+    "project": {"kernel": T(c["embeddings_project.weight"]), "bias": c["embeddings_project.bias"]},
+    "layers": [],
+  }
+  for i in range(2):
+    q = f"encoder.layer.{i}."
+    a = q + "attention.self."
+    e["layers"].append(
+      {
+        "attention": {
+          **{
+            n: {
+              "kernel": heads_in(c[a + f"{n}.weight"], H),
+              "bias": c[a + f"{n}.bias"].reshape(H, -1),
+            }
+            for n in ("query", "key", "value")
+          },
+          "out": {
+            "kernel": heads_out(c[q + "attention.output.dense.weight"], H),
+            "bias": c[q + "attention.output.dense.bias"],
+          },
+        },
+        "attention_norm": {
+          "scale": c[q + "attention.output.LayerNorm.weight"],
+          "bias": c[q + "attention.output.LayerNorm.bias"],
+        },
+        "mlp_in": {
+          "kernel": T(c[q + "intermediate.dense.weight"]),
+          "bias": c[q + "intermediate.dense.bias"],
+        },
+        "mlp_out": {"kernel": T(c[q + "output.dense.weight"]), "bias": c[q + "output.dense.bias"]},
+        "mlp_norm": {
+          "scale": c[q + "output.LayerNorm.weight"],
+          "bias": c[q + "output.LayerNorm.bias"],
+        },
+      }
+    )
+  return "electra", e
+
+
+def swin_flax_auto():
+  c = ld("swin")
+  e = {
+    "PatchEmbed_0": {
+      "Conv_0": {
+        "kernel": conv2(c["embeddings.patch_embeddings.projection.weight"]),
+        "bias": c["embeddings.patch_embeddings.projection.bias"],
+      },
+      "LayerNorm_0": {"scale": c["embeddings.norm.weight"], "bias": c["embeddings.norm.bias"]},
+    }
+  }
+  for s in range(2):
+    st = {}
+    for b in range(2):
+      q = f"encoder.layers.{s}.blocks.{b}."
+      a = q + "attention.self."
+      st[f"SwinBlock_{b}"] = {
+        "LayerNorm_0": {
+          "scale": c[q + "layernorm_before.weight"],
+          "bias": c[q + "layernorm_before.bias"],
+        },
+        "WindowAttention_0": {
+          "Dense_0": {"kernel": T(c[a + "query.weight"]), "bias": c[a + "query.bias"]},
+          "Dense_1": {"kernel": T(c[a + "key.weight"]), "bias": c[a + "key.bias"]},
+          "Dense_2": {"kernel": T(c[a + "value.weight"]), "bias": c[a + "value.bias"]},
+          "relative_position_bias_table": c[a + "relative_position_bias_table"],
+          "Dense_3": {
+            "kernel": T(c[q + "attention.output.dense.weight"]),
+            "bias": c[q + "attention.output.dense.bias"],
+          },
+        },
+        "LayerNorm_1": {
+          "scale": c[q + "layernorm_after.weight"],
+          "bias": c[q + "layernorm_after.bias"],
+        },
+        "Mlp_0": {
+          "Dense_0": {
+            "kernel": T(c[q + "intermediate.dense.weight"]),
+            "bias": c[q + "intermediate.dense.bias"],
+          },
+          "Dense_1": {
+            "kernel": T(c[q + "output.dense.weight"]),
+            "bias": c[q + "output.dense.bias"],
+          },
+        },
+      }
+    if s == 0:
+      st["PatchMerging_0"] = {
+        "LayerNorm_0": {
+          "scale": c["encoder.layers.0.downsample.norm.weight"],
+          "bias": c["encoder.layers.0.downsample.norm.bias"],
+        },
+        "Dense_0": {"kernel": T(c["encoder.layers.0.downsample.reduction.weight"])},
+      }
+    e[f"BasicLayer_{s}"] = st
+  e["LayerNorm_0"] = {"scale": c["layernorm.weight"], "bias": c["layernorm.bias"]}
+  return "swin", {"params": e}
+
+
 MAPPED = {
   f.__name__: f
   for f in (
@@ -749,6 +893,9 @@ MAPPED = {
     electra_haiku,
     bigcode_flax,
     swin_nnx,
+    swin_flax_auto,
+    qwen3_gemma_style,
+    electra_nnx_vit_like,
   )
 }
 # what is still asked, and how many questions (each a concept: gate and up are one pair)

@@ -114,6 +114,8 @@ def candidates(
 
 # a fused tensor's parts, in the order its layouts name them
 FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+# and the parts a target may join (a fused kv exists only in targets: Gemma's kv_einsum)
+JOINED_PARTS = {**FUSED_PARTS, "kv": ("k", "v")}
 
 
 def _per_expert(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
@@ -164,19 +166,19 @@ def _joined(
   tc: Concepts, shape: tuple[int, ...], keys: Iterable[str], ck: Checkpoint
 ) -> list[Candidate]:
   """A fused target (``qkv``, ``gate_up``) as the concatenation of its separate parts."""
-  fused = next((f for f in FUSED_PARTS if f in tc.tokens), None)
-  if fused is None or len(shape) not in (1, 2):
+  fused = next((f for f in JOINED_PARTS if f in tc.tokens), None)
+  if fused is None or (len(shape) not in (1, 2) and shape[0] != len(JOINED_PARTS[fused])):
     return []
   base = tc.tokens - {fused}
   chosen, scores = [], []
-  for part in FUSED_PARTS[fused]:
+  for part in JOINED_PARTS[fused]:
     want = Concepts("", base | {part}, (), tc.kind)
     src = ck.concepts
     ranked = sorted(
       (
         (want.similarity(src[k]), k)
         for k in keys
-        if src[k].kind == tc.kind and src[k].tokens & set(FUSED_PARTS[fused]) == {part}
+        if src[k].kind == tc.kind and src[k].tokens & set(JOINED_PARTS[fused]) == {part}
       ),
       reverse=True,
     )
@@ -184,6 +186,8 @@ def _joined(
       return []
     scores.append(ranked[0][0])
     chosen.append(ranked[0][1])
+  if len(shape) > 2:
+    return _stacked_parts(tc, shape, chosen, scores, fused, ck)
   shapes = [ck.shapes[k] for k in chosen]
   relation = orientation(ck, tc.name, decided=False)
   transpose = len(shape) == 2 and relation == "t"
@@ -212,7 +216,46 @@ def _joined(
     return ops.concatenate(parts, axis=axis)
 
   score = sum(scores) / len(scores)
-  return [Candidate(score, tuple(chosen), f"joined {'+'.join(FUSED_PARTS[fused])}", build)]
+  return [Candidate(score, tuple(chosen), f"joined {'+'.join(JOINED_PARTS[fused])}", build)]
+
+
+def _stacked_parts(
+  tc: Concepts,
+  shape: tuple[int, ...],
+  chosen: list[str],
+  scores: list[float],
+  fused: str,
+  ck: Checkpoint,
+) -> list[Candidate]:
+  """A fused target that keeps its parts on a new leading axis (Gemma's ``kv_einsum``
+  ``[2, kv_heads, hidden, head_dim]``, ``gating_einsum`` ``[2, ffw, hidden]``): each part in
+  the one layout it takes alone, stacked (a part that is not square fits one way whatever
+  the model's other weights do: Gemma keeps ``gating_einsum`` ``[out, in]`` and ``linear``
+  ``[in, out]``). A part that fits more than one way: not offered."""
+  parts = []
+  for key, part in zip(chosen, JOINED_PARTS[fused]):
+    alone = Concepts(tc.name, (tc.tokens - {fused}) | {part}, tc.indices, tc.kind)
+    stored = ck.shapes[key]
+    if len(stored) == 2 and stored[0] != stored[1]:
+      fits = _layouts(stored, shape[1:], True)
+      ways = {
+        _REASONS[how]: Candidate(0.0, (key,), _REASONS[how], lambda b=b, k=key: b(ops.source(k)))
+        for how, b in fits
+      }
+      if not ways and len(shape) == 4:
+        ways = {c.reason: c for c in _heads_permuted(alone, shape[1:], key, ck, 0.0)}
+    else:
+      ways = {c.reason: c for c in _single(alone, shape[1:], key, ck)}
+    if len(ways) != 1:
+      return []
+    parts.append(next(iter(ways.values())))
+
+  def build() -> ops.Recipe:
+    return ops.stack([c.build() for c in parts], axis=0)
+
+  how = parts[0].reason.removeprefix("name").lstrip(" +,")
+  reason = f"stacked {'+'.join(JOINED_PARTS[fused])}" + (f" ({how})" if how else "")
+  return [Candidate(sum(scores) / len(scores), tuple(chosen), reason, build)]
 
 
 def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
@@ -263,6 +306,8 @@ def _single(
   for how, build in _layouts(sshape, shape, linear):
     if _oriented(how, relation, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
+  if not out and linear and len(shape) == 3:
+    out.extend(_heads_permuted(tc, shape, key, ck, score))
   # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
   fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
@@ -277,6 +322,43 @@ def _single(
     if rank == 1 or convention in ("t", "same") or axis == FUSED_AXIS_BY_WIDTHS:
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
   return out
+
+
+def _heads_permuted(
+  tc: Concepts, shape: tuple[int, ...], key: str, ck: Checkpoint, score: float
+) -> list[Candidate]:
+  """A projection with its heads split and its axes in an order of the model's own (Gemma's
+  ``q_einsum`` ``[heads, hidden, head_dim]``, ``attn_vec_einsum`` ``[heads, head_dim,
+  hidden]``): the stored heads axis split by the config's head count and size, then the axes
+  permuted into the leaf's. The heads axis is the output of q, k and v and the input of o, in
+  the checkpoint's own orientation (its config); without that, or a head count, nothing is
+  offered. Several permutations that fit (sizes alike) are each a candidate: asked."""
+  facts, stored = ck.facts, ck.shapes[key]
+  if ck.convention not in ("t", "same") or not facts.heads or not facts.head_dim:
+    return []
+  roles = tc.tokens & {"q", "k", "v", "o"}
+  if len(roles) != 1:
+    return []
+  out_axis = 0 if ck.convention == "t" else 1
+  axis = out_axis if roles != {"o"} else 1 - out_axis  # where the heads are
+  splits = {(h, facts.head_dim) for h in (facts.heads, facts.kv_heads or facts.heads)}
+  found = []
+  for h, d in sorted(splits):
+    if h * d != stored[axis]:
+      continue
+    split = (h, d, stored[1]) if axis == 0 else (stored[0], h, d)
+    for perm in itertools.permutations(range(3)):
+      if tuple(split[i] for i in perm) == tuple(shape) and perm != (0, 1, 2):
+        found.append((split, perm))
+  return [
+    Candidate(
+      score,
+      (key,),
+      f"name + heads split, axes {perm}",
+      lambda split=split, perm=perm: ops.transpose(ops.reshape(ops.source(key), split), perm),
+    )
+    for split, perm in found
+  ]
 
 
 # a fused [out, in] or [in, out] weight of unknown convention: its parts' widths say the axis

@@ -72,6 +72,10 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("o",) for w in ("o", "o_proj", "out_proj", "out", "wo", "out_lin", "output_proj")},
   **{f"b{p}": (c, "b") for p, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"))},
   **{w: ("qkv",) for w in ("qkv", "qkv_proj", "c_attn", "query_key_value", "wqkv")},
+  # Gemma (google-deepmind/gemma): each projection an einsum named for its operands
+  "einsum": (),
+  "attn_vec_einsum": ("o",),
+  "gating_einsum": ("gate_up",),
   "in_proj_weight": ("qkv", "w"),  # torch's nn.MultiheadAttention: q, k, v rows in one
   "in_proj_bias": ("qkv", "b"),
   # mlp
