@@ -202,8 +202,8 @@ MUTATIONS = (
   Mutation(
     "closure: a tensor left over in the block does not stop it",
     "paramreg_jax/_src/match/closure.py",
-    "if not left or len(left) != len(free) or",
-    "if not left or",
+    "if not left or len(left) != len(free) or any(n not in open_ for n in left):\n      continue",
+    "if not left or any(n not in open_ for n in left):\n      continue",
     ("tests/test_match_closure.py", "-k", "left_over"),
   ),
   Mutation(
@@ -212,6 +212,27 @@ MUTATIONS = (
     "    if block in hinted:\n",
     "    if False:\n",
     ("tests/test_match_closure.py", "-k", "after_a_hint"),
+  ),
+  Mutation(
+    "closure: none outside the layers (a stem's norm is asked)",
+    "paramreg_jax/_src/match/closure.py",
+    "  out.update(_outside_layers(",
+    "  0 and out.update(_outside_layers(",
+    ("tests/test_match_closure.py", "-k", "outside_the_layers"),
+  ),
+  Mutation(
+    "vocabulary: a block class flax auto-names is no layer (DecoderLayer_3)",
+    "paramreg_jax/_src/match/vocabulary.py",
+    '  if not m or word.rsplit("_", 1)[0] in _WORDS:\n',
+    "  if True:\n",
+    ("tests/test_match_units.py", "-k", "which_numbers"),
+  ),
+  Mutation(
+    "unique shape: a vector or a layer's weight taken by its shape alone",
+    "paramreg_jax/_src/match/decide.py",
+    "  if len(shape) < 2 or len(every) != 1 or concepts(slot.name).indices:\n",
+    "  if len(every) != 1:\n",
+    ("tests/test_match_units.py", "tests/test_match_closure.py", "-k", "own_shape or left_over"),
   ),
   Mutation(
     "stacks: a subtree whose leaves lead with any one size is a stack",
@@ -265,7 +286,7 @@ MUTATIONS = (
   Mutation(
     "vocabulary: every number in a name a layer index",
     "paramreg_jax/_src/match/vocabulary.py",
-    "      if not where or (n and numbers_items(shape[n - 1])):\n",
+    "      if n == 0 or indexes(shape[n - 1], not where, inside):\n",
     "      if True:\n",
     ("tests/test_match_refusals.py", "-k", "numbered_modules"),
   ),
