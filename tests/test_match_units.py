@@ -193,3 +193,19 @@ def test_a_weight_only_its_own_shape_fits_is_taken_only_when_nothing_else_could_
   emb = {"embeddings.word_embeddings.weight": np.zeros((99, 8), np.float32)}
   with pytest.raises(prj.MatchError):
     prj.match({"Dense_0": {"kernel": _sds(8, 99)}}, prj.MemorySource(emb))
+
+
+def test_two_towers_are_not_a_model_prefix():
+  """A leading component most keys share is noise (``gpt_neox.``), but not where two leading
+  components hold layers: stripping ``vision_model.`` alone made the vision tower's names
+  read closer to every target name than the text tower's."""
+  neox = [f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.weight" for i in range(3)] + ["embed_out.weight"]
+  assert evidence.model_prefix(neox) == {"gpt_neox"}
+  clip = [
+    f"{t}_model.encoder.layers.{i}.mlp.fc1.weight" for t in ("text", "vision") for i in (0, 1)
+  ]
+  clip += ["vision_model.post_layernorm.weight", "logit_scale"]
+  assert evidence.model_prefix(clip) == frozenset()
+  # a head's numbered sequential is no tower
+  resnet = [f"resnet.encoder.stages.{i}.layers.0.conv.weight" for i in range(3)]
+  assert evidence.model_prefix([*resnet, "classifier.1.weight"]) == {"resnet"}

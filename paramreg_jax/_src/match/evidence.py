@@ -273,11 +273,18 @@ class Checkpoint:
 
 def model_prefix(keys: list[str]) -> frozenset[str]:
   """A leading component most keys share and the vocabulary does not know: the model's own
-  prefix (``gpt_neox.``, ``roberta.``), noise when comparing names."""
+  prefix (``gpt_neox.``, ``roberta.``), noise when comparing names. Where two leading
+  components hold layers (CLIP's ``text_model.`` and ``vision_model.``), they are towers, and
+  neither is noise: stripping one only would make its names read closer than the other's."""
   counts: dict[str, int] = {}
+  numbers: dict[str, set[str]] = {}  # the layer numbers under each leading component
   for k in keys:
     first = re.split(r"[./]", k, maxsplit=1)[0].lower()
     counts[first] = counts.get(first, 0) + 1
+    if m := re.search(r"[./](\d+)[./]", k):
+      numbers.setdefault(first, set()).add(m.group(1))
+  if sum(len(ns) > 1 for ns in numbers.values()) > 1:
+    return frozenset()
   return frozenset(
     w
     for w, n in counts.items()
