@@ -879,6 +879,55 @@ def swin_flax_auto():
   return "swin", {"params": e}
 
 
+def wav2vec2_equinox():
+  c = ld("wav2vec2")
+
+  def lin(k):
+    return {"weight": c[k + ".weight"], "bias": c[k + ".bias"]}
+
+  g = "encoder.pos_conv_embed.conv."
+  e = {
+    "feature_extractor": {
+      "conv_layers": [
+        {"conv": {"weight": c[f"feature_extractor.conv_layers.{j}.conv.weight"]}} for j in range(2)
+      ]
+    },
+    "feature_projection": {
+      "layer_norm": lin("feature_projection.layer_norm"),
+      "projection": lin("feature_projection.projection"),
+    },
+    "masked_spec_embed": c["masked_spec_embed"],
+    "encoder": {
+      "pos_conv_embed": {
+        "conv": {
+          "weight_g": c[g + "parametrizations.weight.original0"],
+          "weight_v": c[g + "parametrizations.weight.original1"],
+          "bias": c[g + "bias"],
+        }
+      },
+      "layer_norm": lin("encoder.layer_norm"),
+      "layers": [
+        {
+          "attention": {
+            n: lin(f"encoder.layers.{i}.attention.{n}_proj") for n in ("q", "k", "v", "out")
+          },
+          "layer_norm": lin(f"encoder.layers.{i}.layer_norm"),
+          "feed_forward": {
+            "intermediate_dense": lin(f"encoder.layers.{i}.feed_forward.intermediate_dense"),
+            "output_dense": lin(f"encoder.layers.{i}.feed_forward.output_dense"),
+          },
+          "final_layer_norm": lin(f"encoder.layers.{i}.final_layer_norm"),
+        }
+        for i in range(2)
+      ],
+    },
+  }
+  e["feature_extractor"]["conv_layers"][0]["layer_norm"] = lin(
+    "feature_extractor.conv_layers.0.layer_norm"
+  )
+  return "wav2vec2", e
+
+
 MAPPED = {
   f.__name__: f
   for f in (
@@ -890,6 +939,7 @@ MAPPED = {
     clip_nnx,
     clip_equinox,
     wav2vec2_flax,
+    wav2vec2_equinox,
     electra_haiku,
     bigcode_flax,
     swin_nnx,
