@@ -229,7 +229,7 @@ MUTATIONS = (
   ),
   Mutation(
     "unique shape: a vector or a layer's weight taken by its shape alone",
-    "paramreg_jax/_src/match/decide.py",
+    "paramreg_jax/_src/match/unique.py",
     "  if len(shape) < 2 or len(every) != 1 or concepts(slot.name).indices:\n",
     "  if len(every) != 1:\n",
     ("tests/test_match_units.py", "tests/test_match_closure.py", "-k", "own_shape or left_over"),

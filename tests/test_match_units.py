@@ -209,3 +209,20 @@ def test_two_towers_are_not_a_model_prefix():
   # a head's numbered sequential is no tower
   resnet = [f"resnet.encoder.stages.{i}.layers.0.conv.weight" for i in range(3)]
   assert evidence.model_prefix([*resnet, "classifier.1.weight"]) == {"resnet"}
+
+
+def test_an_untied_auto_named_head_takes_lm_head_only_when_the_config_says_untied():
+  rng = np.random.default_rng(2)
+  ck = {
+    "model.embed_tokens.weight": rng.standard_normal((99, 32)).astype(np.float32),
+    "lm_head.weight": rng.standard_normal((99, 32)).astype(np.float32),
+  }
+  target = {"Embed_0": {"embedding": _sds(99, 32)}, "Dense_0": {"kernel": _sds(32, 99)}}
+  config = {"model_type": "llama", "tie_word_embeddings": False}
+  m = prj.match(target, prj.MemorySource(ck), config=config)
+  got = prj.restore(target, prj.MemorySource(ck), recipes=m)
+  np.testing.assert_array_equal(got["Dense_0"]["kernel"], ck["lm_head.weight"].T)
+  np.testing.assert_array_equal(got["Embed_0"]["embedding"], ck["model.embed_tokens.weight"])
+  with pytest.raises(prj.MatchError) as e:  # nothing says the head is not the embedding
+    prj.match(target, prj.MemorySource(ck))
+  assert "Dense_0/kernel" in str(e.value)

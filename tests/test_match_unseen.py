@@ -950,7 +950,7 @@ MAPPED = {
 }
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
 ASKED = {
-  "qwen3_flax_auto": (qwen3_flax_auto, 3),  # Mlp_0's Dense_0/Dense_1 (gate, up); the head
+  "qwen3_flax_auto": (qwen3_flax_auto, 2),  # Mlp_0's Dense_0/Dense_1: gate and up
   "siglip_bigvision": (siglip_bigvision, 1),  # params/t: logit_scale, named by one letter
 }
 

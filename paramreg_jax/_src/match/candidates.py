@@ -303,7 +303,10 @@ def _single(
   out = []
   score = tc.similarity(sc)
   linear = is_linear(sc, sshape[1:] if len(sshape) == 3 and "experts" in sc.tokens else sshape)
+  untied = ck.facts.tied is False and "embed" in sc.tokens and "embed" not in tc.tokens
   for how, build in _layouts(sshape, shape, linear):
+    if how == "table-t" and untied:
+      continue  # an embedding read transposed is a tied head: the config says there is none
     if _oriented(how, relation, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
   if not out and linear and len(shape) == 3:

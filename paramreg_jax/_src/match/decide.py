@@ -19,6 +19,7 @@ from paramreg_jax._src.match import fused
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match import refusal
 from paramreg_jax._src.match import towers
+from paramreg_jax._src.match import unique
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
@@ -88,8 +89,10 @@ def _best(
   top, or (below the name threshold) every candidate that fits the shape."""
   picked: dict[str, Candidate] = {}
   open_: dict[str, list[Candidate]] = {}
-  takers = functools.cache(lambda: _takers(ranked))
-  counts = functools.cache(lambda: _shape_counts(slots, ck))
+  takers = functools.cache(lambda: unique.takers(ranked))
+  counts = functools.cache(
+    lambda: unique.shape_counts(slots, ranked, proposals, hinted, ck, MIN_SCORE)
+  )
   for slot in slots:
     if slot.name in proposals:
       continue
@@ -99,9 +102,9 @@ def _best(
     else:
       cands = [c for c in every if c.score >= MIN_SCORE]
     if not cands:
-      unique = _unique_fit(slot, every, takers, counts, ck)
-      if unique is not None:
-        picked[slot.name] = unique
+      only = unique.fit(slot, every, takers, counts, ck)
+      if only is not None:
+        picked[slot.name] = only
       elif every:
         open_[slot.name] = every
       continue  # maybe a tied head; decided in tie_heads
@@ -111,64 +114,6 @@ def _best(
     else:
       picked[slot.name] = cands[0]
   return picked, open_
-
-
-def _takers(ranked: Mapping[str, list[Candidate]]) -> dict[str, set[str]]:
-  """``{checkpoint key: the target leaves it is a candidate of}``."""
-  out: dict[str, set[str]] = {}
-  for name, cands in ranked.items():
-    for c in cands:
-      for k in c.keys:
-        out.setdefault(k, set()).add(name)
-  return out
-
-
-def _shape_counts(slots: list[Any], ck: evidence.Checkpoint) -> tuple[dict, dict]:
-  """How many target leaves, and how many checkpoint tensors, have each shape."""
-  leaves: dict[tuple[int, ...], int] = {}
-  for s in slots:
-    leaves[tuple(s.shape)] = leaves.get(tuple(s.shape), 0) + 1
-  tensors: dict[tuple[int, ...], int] = {}
-  for shape in ck.shapes.values():
-    tensors[tuple(shape)] = tensors.get(tuple(shape), 0) + 1
-  return leaves, tensors
-
-
-def _unique_fit(
-  slot: Any, every: list[Candidate], takers: Any, counts: Any, ck: evidence.Checkpoint
-) -> Candidate | None:
-  """A weight that exactly one checkpoint tensor fits, in one layout, when no other target
-  leaf fits that tensor and both are the same kind of array: an embedding table and an
-  embedding table stored as the leaf is (``tokens/embedding`` and
-  ``embeddings.word_embeddings.weight``), a conv kernel and a conv weight (a patch embedding
-  or stem: ``embedding/kernel`` ``(8, 8, 3, 32)`` and ``patch_embeddings.projection.weight``
-  ``(32, 3, 8, 8)``), a linear kernel and a linear weight (a classifier). Taken although the
-  names share only the kind: the shape says it, being the only one of its kind in the target
-  and in the checkpoint. Outside the layers only (inside them, closure decides). A vector
-  (a norm, a bias) is never decided so, and neither is a leaf another arrangement could fill
-  (a heads-split kernel)."""
-  shape = tuple(slot.shape)
-  if len(shape) < 2 or len(every) != 1 or concepts(slot.name).indices:
-    return None
-  (cand,) = every
-  if len(cand.keys) != 1 or cand.fused is not None or cand.claims is not None:
-    return None
-  (key,) = cand.keys
-  if ck.concepts[key].indices:
-    return None
-  stored = tuple(ck.shapes[key])
-  table = slot.name.rpartition("/")[2] == "embedding" or "embed" in concepts(slot.name).tokens
-  tokens = ck.concepts[key].tokens
-  embedding = "embed" in tokens and not tokens & {"proj", "project"} and len(stored) == 2
-  if len(stored) != len(shape) or table != embedding or takers()[key] != {slot.name}:
-    return None
-  leaves, tensors = counts()
-  if leaves[shape] != 1 or tensors[stored] != 1:
-    return None
-  if embedding and stored != shape:
-    return None
-  kind = "embeddings" if embedding else "conv kernels" if len(shape) > 2 else "linear weights"
-  return dataclasses.replace(cand, reason=f"unique shape, both {kind}")
 
 
 def _top(cands: list[Candidate]) -> list[Candidate]:
