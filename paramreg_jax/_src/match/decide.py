@@ -89,10 +89,7 @@ def _best(
   top, or (below the name threshold) every candidate that fits the shape."""
   picked: dict[str, Candidate] = {}
   open_: dict[str, list[Candidate]] = {}
-  takers = functools.cache(lambda: unique.takers(ranked))
-  counts = functools.cache(
-    lambda: unique.shape_counts(slots, ranked, proposals, hinted, ck, MIN_SCORE)
-  )
+  unnamed: list[tuple[Any, list[Candidate]]] = []  # no candidate named like it
   for slot in slots:
     if slot.name in proposals:
       continue
@@ -102,17 +99,27 @@ def _best(
     else:
       cands = [c for c in every if c.score >= MIN_SCORE]
     if not cands:
-      only = unique.fit(slot, every, takers, counts, ck)
-      if only is not None:
-        picked[slot.name] = only
-      elif every:
-        open_[slot.name] = every
-      continue  # maybe a tied head; decided in tie_heads
+      unnamed.append((slot, every))
+      continue
     rivals = [c for c in cands[1:] if c.score == cands[0].score]
     if rivals:
       open_[slot.name] = every  # the equal best first, then everything else that fits
     else:
       picked[slot.name] = cands[0]
+  if unnamed:
+    # what the other leaves are sure to take: a hint's tensors, a single best name's
+    sure = {n: p.keys for n, p in proposals.items()}
+    sure.update({n: c.keys for n, c in picked.items() if n not in hinted})
+    shapes = unique.Shapes(slots, ranked, ck)
+    for slot, every in unnamed:
+      only = unique.fit(slot, every, shapes, sure, ck)
+      if only is not None:
+        picked[slot.name] = only
+      elif every:
+        open_[slot.name] = every  # maybe a tied head; decided in tie_heads
+    order = [s.name for s in slots]  # in the target's order, as the names were decided
+    picked = {n: picked[n] for n in order if n in picked}
+    open_ = {n: open_[n] for n in order if n in open_}
   return picked, open_
 
 
