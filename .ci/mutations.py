@@ -202,8 +202,8 @@ MUTATIONS = (
   Mutation(
     "closure: a tensor left over in the block does not stop it",
     "paramreg_jax/_src/match/closure.py",
-    "if not left or len(left) != len(free) or any(n not in open_ for n in left):\n      continue",
-    "if not left or any(n not in open_ for n in left):\n      continue",
+    "if not left or len(left) != len(free) or any(n not in open_ for n in left):",
+    "if not left or any(n not in open_ for n in left):",
     ("tests/test_match_closure.py", "-k", "left_over"),
   ),
   Mutation(

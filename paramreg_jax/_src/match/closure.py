@@ -76,11 +76,7 @@ def settle(
       continue
     left = [n for n in names if n not in decided]
     free = [k for k in ck.by_layer.get(block, ()) if k not in used]
-    if not left or len(left) != len(free) or any(n not in open_ for n in left):
-      continue
-    edges = {n: _edges(open_[n], free) for n in left}
-    for name, cand in _forced(edges).items():
-      out[name] = (cand, f"the last tensor of layer {block} that fits it")
+    out.update(_close(left, free, open_, f"the last tensor of layer {block} that fits it"))
   out.update(_outside_layers(open_, decided, blocks, ck, frozenset(hinted_leaves), used))
   return out
 
@@ -138,10 +134,18 @@ def _close_container(
     for k in ck.shapes
     if k.startswith(where + ".") and k not in used and not ck.concepts[k].indices
   ]
+  return _close(left, free, open_, f"the last tensor of {where} that fits it")
+
+
+def _close(
+  left: list[str], free: list[str], open_: Mapping[str, list[Candidate]], why: str
+) -> dict[str, tuple[Candidate, str]]:
+  """The pairs forced between a block's leaves left and its tensors left; nothing unless
+  they are as many and every leaf left is open."""
   if not left or len(left) != len(free) or any(n not in open_ for n in left):
     return {}
   edges = {n: _edges(open_[n], free) for n in left}
-  return {n: (c, f"the last tensor of {where} that fits it") for n, c in _forced(edges).items()}
+  return {n: (c, why) for n, c in _forced(edges).items()}
 
 
 def _common(paths: list[list[str]]) -> list[str]:
