@@ -44,14 +44,14 @@ def literal_entries(error):
   return out
 
 
-def _uncommented(line):
+def uncommented(line):
   """The one entry a line holds, as the user gets it by deleting its ``# ``."""
   scope = {"prj": prj, "R": R}
   exec("hints = {\n" + line.replace("  # ", "  ", 1) + "\n}", scope)
   return scope["hints"]
 
 
-def _expand(key, names):
+def expand_template(key, names):
   rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"(\d+)") + "$")
   return [(n, m.group(1) if "{i}" in key else None) for n in names if (m := rx.match(n))]
 
@@ -61,7 +61,7 @@ def _true(line, layer, proposal, keys):
   true proposal's: a name that names its tensors, or its very recipe."""
   if layer is not None:
     line = line.replace("{i}", layer)
-  value = next(iter(_uncommented(line).values()))
+  value = next(iter(uncommented(line).values()))
   if isinstance(value, str):
     return set(named_keys(value, keys)) == set(proposal.keys)
   return value == proposal.recipe
@@ -87,7 +87,7 @@ def choose(target, src, truth, rename=lambda n: n, rounds=6):
         m = _ENTRY.match(line)
         assert len(line) <= 88 or (m and not m.group(3)), f"{len(line)} columns: {line}"
       for key, lines in literal_entries(e).items():
-        members = _expand(key, names)
+        members = expand_template(key, names)
         assert members, f"{key!r} fits no target name"
         right = [
           line for line in lines if all(_true(line, i, truth[rename(n)], keys) for n, i in members)
@@ -95,11 +95,11 @@ def choose(target, src, truth, rename=lambda n: n, rounds=6):
         assert right, f"{key}: the true tensor is not among its lines:\n" + "\n".join(lines)
         for line in lines:  # and every line is a hint for its leaf (the wrong ones too)
           for n, i in members:
-            value = next(iter(_uncommented(line.replace("{i}", i or "{i}")).values()))
+            value = next(iter(uncommented(line.replace("{i}", i or "{i}")).values()))
             if not isinstance(value, str):
               meta = R.infer(value, src)
               assert (meta.shape, meta.dtype) == (leaves[n].shape, leaves[n].dtype), line
-        hints.update(_uncommented(right[0]))
+        hints.update(uncommented(right[0]))
         choices += 1
   raise AssertionError(f"still refused after {rounds} rounds of choosing")
 
@@ -319,7 +319,7 @@ def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
     (line,) = (
       x for x in literal_entries(info.value)[f"attn/{n}/kernel"] if "one after the other" in x
     )
-    hints |= _uncommented(line)
+    hints |= uncommented(line)
   got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
   for j, n in enumerate("qkv"):
     np.testing.assert_array_equal(

@@ -16,12 +16,14 @@ with the true tensor among its lines, and choosing those lines must restore it e
 from __future__ import annotations
 
 import pathlib
-import re
 
 import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from test_match_refusals import expand_template
+from test_match_refusals import literal_entries
+from test_match_refusals import uncommented
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
@@ -976,20 +978,6 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
   _assert_restores(expect, target, src, m)
 
 
-_ENTRY = re.compile(r'^  # ("[^"]+"): (.+?),(?:  # .+)?$')
-
-
-def _lines(code):
-  """``{hints key: [the value each commented line gives]}``."""
-  out: dict = {}
-  for line in code.splitlines():
-    if m := _ENTRY.match(line):
-      scope = {"prj": prj, "R": R}
-      exec(f"v = {m.group(2)}", scope)
-      out.setdefault(eval(m.group(1)), []).append(scope["v"])
-  return out
-
-
 @pytest.mark.parametrize("case", sorted(ASKED))
 def test_what_is_asked_is_few_questions_with_the_truth_among_the_lines(case):
   build, questions = ASKED[case]
@@ -1002,12 +990,12 @@ def test_what_is_asked_is_few_questions_with_the_truth_among_the_lines(case):
   data = {k: np.asarray(v) for k, v in ld(name).items()}
   with pytest.raises(prj.MatchError) as e:
     prj.match(target, src)
-  entries = _lines(e.value.hints_code)
+  entries = literal_entries(e.value)
   assert len(entries) == questions, e.value.hints_code
   hints = {}
-  for key, values in entries.items():
-    rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"(\d+)") + "$")
-    members = [(n, m.group(1) if "{i}" in key else "") for n in want if (m := rx.match(n))]
+  for key, lines in entries.items():
+    values = [uncommented(line)[key] for line in lines]
+    members = expand_template(key, list(want))
     right = [v for v in values if all(_holds_in(v, want[n], data, at) for n, at in members)]
     assert len(right) == 1, f"{key}: {len(right)} lines hold its values:\n{e.value.hints_code}"
     hints[key] = right[0]
@@ -1017,7 +1005,7 @@ def test_what_is_asked_is_few_questions_with_the_truth_among_the_lines(case):
 
 def _holds_in(value, want, data, at):
   if isinstance(value, str):
-    named = named_keys(value.replace("{i}", at), list(data))
+    named = named_keys(value.replace("{i}", at or ""), list(data))
     if len(named) != 1:
       return False
     got = data[named[0]]
