@@ -311,6 +311,13 @@ MUTATIONS = (
     "    if False:\n",
     ("tests/test_op_contract.py", "-k", "neg_log_of_a_value"),
   ),
+  Mutation(
+    "blocks renumbered across stages whatever their sizes",
+    "paramreg_jax/_src/match/numbering.py",
+    "    if want - collections.Counter(under[i]):\n",
+    "    if False:\n",
+    ("tests/test_match_unseen.py", "-k", "do_not_follow_the_stages"),
+  ),
 )
 
 

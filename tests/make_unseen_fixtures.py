@@ -74,7 +74,7 @@ CASES = {
       num_channels=3,
       embedding_size=8,
       hidden_sizes=[8, 16],
-      depths=[1, 1],
+      depths=[2, 2],  # the flax example numbers these four blocks 0..3 across the stages
       layer_type="basic",
       num_labels=5,
     )
@@ -93,10 +93,22 @@ CASES = {
 }
 
 
+def _randomize(model: torch.nn.Module) -> None:
+  """Every floating tensor random, norms and running statistics too (a fresh model's are ones
+  and zeros: a norm restored from the wrong norm would compare equal by value)."""
+  with torch.no_grad():
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+      if t.is_floating_point():
+        t.normal_(0.0, 0.5)
+        if name.endswith("running_var"):
+          t.abs_().add_(0.5)
+
+
 def main(names: list[str]) -> None:
   for name in names or list(CASES):
     torch.manual_seed(0)
     model = CASES[name]().eval()
+    _randomize(model)
     out = OUT / name
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -319,16 +319,17 @@ def resnet_flax():
   P, B = {}, {}
   P["conv_init"] = {"kernel": conv2(c["resnet.embedder.embedder.convolution.weight"])}
   P["bn_init"], B["bn_init"] = bn("resnet.embedder.embedder.normalization")
-  for s in range(2):
-    q = f"{r}.{s}.layers.0"
+  # flax's example numbers the blocks across the stages: ResNetBlock_2 is stages.1.layers.0
+  for n, (s, b) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+    q = f"{r}.{s}.layers.{b}"
     bp, bb = {}, {}
     for j in range(2):
       bp[f"Conv_{j}"] = {"kernel": conv2(c[f"{q}.layer.{j}.convolution.weight"])}
       bp[f"BatchNorm_{j}"], bb[f"BatchNorm_{j}"] = bn(f"{q}.layer.{j}.normalization")
-    if s:
+    if (s, b) == (1, 0):
       bp["conv_proj"] = {"kernel": conv2(c[f"{q}.shortcut.convolution.weight"])}
       bp["norm_proj"], bb["norm_proj"] = bn(f"{q}.shortcut.normalization")
-    P[f"ResNetBlock_{s}"], B[f"ResNetBlock_{s}"] = bp, bb
+    P[f"ResNetBlock_{n}"], B[f"ResNetBlock_{n}"] = bp, bb
   P["Dense_0"] = {"kernel": T(c["classifier.1.weight"]), "bias": c["classifier.1.bias"]}
   return "resnet", {"params": P, "batch_stats": B}
 
@@ -948,6 +949,7 @@ MAPPED = {
     swin_flax_auto,
     qwen3_gemma_style,
     electra_nnx_vit_like,
+    resnet_flax,
   )
 }
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
@@ -1014,21 +1016,39 @@ def _holds_in(value, want, data, at):
   return got.size == want.size and np.array_equal(np.sort(got.ravel()), np.sort(want.ravel()))
 
 
-def test_a_resnet_numbered_across_its_stages_is_refused_and_nothing_is_wrong():
-  """flax's ResNet example numbers its blocks across stages (``ResNetBlock_1`` is stage 1's
-  first block, transformers' ``stages.1.layers.0``): the numbers do not align, so it is
-  refused; what ``.partial`` holds is right."""
+def test_a_resnet_numbered_across_its_stages_says_which_block_is_which():
+  """flax's ResNet example numbers its blocks across stages (``ResNetBlock_2`` is
+  transformers' ``stages.1.layers.0``): read in order, said in the table, and each block's
+  ``Conv_0``/``Conv_1`` are its ``layer.0``/``layer.1`` (compared by value above)."""
   name, expect = resnet_flax()
   src = prj.open_source(str(DATA / name))
-  target = _target(expect)
+  m = prj.match(_target(expect), src)
+  assert m.layers == (("0", "(0, 0)"), ("1", "(0, 1)"), ("2", "(1, 0)"), ("3", "(1, 1)"))
+  assert "layers (numbered across stages, in order): 0 = (0, 0), 1 = (0, 1)" in str(m)
+  assert "Layers (numbered across stages, in order): 0 = (0, 0)" in m._repr_html_()
+  assert all("num_batches_tracked" in k for k in m.ignored_keys)  # a counter, not a weight
+
+
+def test_blocks_whose_shapes_do_not_follow_the_stages_are_not_renumbered():
+  """The same ResNet with its blocks in another order (stage 1's first): the sizes of block 0
+  do not fit the checkpoint's first block, so the numbers are not read in order and the
+  blocks are refused; nothing in ``.partial`` is wrong."""
+  name, expect = resnet_flax()
+  p, b = expect["params"], expect["batch_stats"]
+  order = [2, 3, 0, 1]
+  for tree in (p, b):
+    blocks = {n: tree.pop(f"ResNetBlock_{n}") for n in range(4)}
+    tree.update({f"ResNetBlock_{k}": blocks[n] for k, n in enumerate(order)})
+  src = prj.open_source(str(DATA / name))
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(_target(expect), src)
+  partial = e.value.partial
+  assert not partial.layers and "ResNetBlock_0" in str(e.value)
   want = {
     prj.path_to_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(expect)[0]
   }
-  with pytest.raises(prj.MatchError) as e:
-    prj.match(target, src)
-  partial = e.value.partial
-  assert len(partial) >= 3, partial  # the stem and the classifier: decided, and right
   data = {k: np.asarray(v) for k, v in ld(name).items()}
+  assert len(partial) >= 3  # the stem and the classifier
   for leaf, _recipe, _ in partial.rows():
     got = np.asarray(R.evaluate(partial[leaf], prj.MemorySource(data)))
     np.testing.assert_array_equal(got, want[leaf], err_msg=leaf)

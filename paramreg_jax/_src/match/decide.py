@@ -56,7 +56,8 @@ def choose(
     hinted={blocks[n] for n in by_hint if n in blocks},
     hinted_leaves=by_hint,
   )
-  _settle(picked, open_, proposals, ck, closing, _Contests(picked, open_, hinted, ranked))
+  contests = _Contests(picked, open_, hinted, ranked)
+  _settle(picked, open_, proposals, ck, closing, contests, frozenset(by_hint))
   problems = _conflicts(picked, proposals, hinted)
   problems.update(
     {
@@ -192,6 +193,7 @@ def _settle(
   ck: evidence.Checkpoint,
   closing: Any,
   contests: _Contests,
+  by_hint: frozenset[str],
 ) -> None:
   """Open targets that decided siblings (same module), other layers, their numbered
   siblings' order or, last, closure inside their layer single out, among all of their own
@@ -199,7 +201,7 @@ def _settle(
   rules = (
     ("module of ", coherence.settle_by_module),
     ("as in ", coherence.settle_by_layer),
-    ("", lambda open_, decided: order.settle(open_, decided, ck, _top)),
+    ("", lambda open_, decided: order.settle(open_, decided, ck, _top, by_hint)),
     ("closure: ", closing),
   )
   for _ in range(12):

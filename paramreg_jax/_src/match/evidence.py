@@ -220,6 +220,9 @@ class Checkpoint:
   towers: dict[str, str] = dataclasses.field(default_factory=dict)
   # target subtrees whose leaves hold every layer on a leading axis though no word says so
   stacks: frozenset[str] = frozenset()
+  # (target layer, checkpoint (stage, block)) where the target numbers its blocks across the
+  # checkpoint's stages (``numbering``); empty where the numbers align as they are
+  numbered: tuple[tuple[str, str], ...] = ()
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -236,6 +239,7 @@ class Checkpoint:
       self.scan_axis,
       self.towers,
       self.stacks,
+      self.numbered,
     )
 
   @functools.cached_property

@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from paramreg_jax._src.match import numbering
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.evidence import Checkpoint
@@ -92,17 +93,25 @@ def settle(
   decided: Mapping[str, tuple[str, ...]],
   ck: Checkpoint,
   top: Any,
+  by_hint: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[Candidate, str]]:
   """``{open leaf: (candidate, why)}`` for the numbered siblings the order pairs with roles.
-  ``decided``: the keys of each decided leaf; ``top``: a leaf's candidates evidence may pick."""
+  ``decided``: the keys of each decided leaf; ``top``: a leaf's candidates evidence may pick;
+  ``by_hint``: leaves a hint decided. A whole tensor that evidence gave another leaf is no
+  sibling's candidate (``norm_proj`` took the shortcut's norm: ``BatchNorm_0`` and
+  ``BatchNorm_1`` pair with the two left); one a hint took stops the pairing."""
   families = _families([*open_, *decided])
   out: dict[str, tuple[Candidate, str]] = {}
   taken = {*decided.values()}
+  by_evidence = {keys for name, keys in decided.items() if name not in by_hint}
   for members in families.values():
     waiting = {n: name for n, name in members.items() if name in open_}
     if len(waiting) < 2 or len(members) != len({*members.values()}):
       continue
-    sets = {n: distinct(top(open_[name])) for n, name in waiting.items()}
+    sets = {
+      n: [c for c in distinct(top(open_[name])) if c.fused is not None or c.keys not in by_evidence]
+      for n, name in waiting.items()
+    }
     # the open siblings that want the same tensors, as many as they are, pair in order
     groups: dict[frozenset[tuple[str, ...]], list[int]] = {}
     for n, cands in sets.items():
@@ -125,7 +134,12 @@ def settle(
 def _ranked(
   tensors: frozenset[tuple[str, ...]], ck: Checkpoint
 ) -> list[tuple[tuple[str, ...], str, int]] | None:
-  """``(tensor, role, rank)`` in call order, or None if any role is unknown or shared."""
+  """``(tensor, role, rank)`` in call order, or None if any role is unknown or shared.
+  Tensors named alike but for their place in a block's sequence (``#j``, from ``numbering``)
+  are in the order of those places."""
+  placed = _in_sequence(tensors, ck)
+  if placed is not None:
+    return placed
   placed = []
   for keys in tensors:
     roles = {_role_of(k, ck) for k in keys}
@@ -135,6 +149,24 @@ def _ranked(
     assert r is not None
     placed.append((keys, r[0], r[1]))
   if len({rank for _, _, rank in placed}) != len(placed):
+    return None
+  return sorted(placed, key=lambda p: p[2])
+
+
+def _in_sequence(
+  tensors: frozenset[tuple[str, ...]], ck: Checkpoint
+) -> list[tuple[tuple[str, ...], str, int]] | None:
+  """``(tensor, role, place)`` of single tensors whose names differ only in their ``#j``
+  place, in that order; None if they differ in anything else."""
+  placed, rest = [], set()
+  for keys in tensors:
+    c = ck.concepts.get(keys[0]) if len(keys) == 1 else None
+    places = [p for t in c.tokens if (p := numbering.position(t)) is not None] if c else []
+    if c is None or len(places) != 1:
+      return None
+    placed.append((keys, f"one in its block's module {places[0]}", places[0]))
+    rest.add(c.tokens - {f"#{places[0]}"})
+  if len(rest) != 1 or len({p for _, _, p in placed}) != len(placed):
     return None
   return sorted(placed, key=lambda p: p[2])
 

@@ -14,10 +14,12 @@ from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match import kept
+from paramreg_jax._src.match import numbering
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match import quantized
 from paramreg_jax._src.match import refusal
 from paramreg_jax._src.match import towers
+from paramreg_jax._src.match import vocabulary
 from paramreg_jax._src.match.report import Match
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import concepts
@@ -108,7 +110,7 @@ def match(
   if not problems:
     problems += _unused_layers(ignored, ck)
   origin = "match(config=...)" if config is not None else stored.config_origin
-  result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin, aligned)
+  result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin, aligned, ck.numbered)
   if problems:
     error = refusal.refuse(problems, ranked, slots, source, ck)
     error.partial = result
@@ -259,7 +261,11 @@ def _hint_effects(
 
 
 def _unused_layers(ignored: list[str], ck: evidence.Checkpoint) -> list[str]:
-  layer_keys = [k for k in ignored if k in ck.concepts and ck.concepts[k].indices]
+  layer_keys = [
+    k
+    for k in ignored
+    if k in ck.concepts and ck.concepts[k].indices and not vocabulary.bookkeeping(k)
+  ]
   if not layer_keys:
     return []
   extra = sorted({ck.concepts[k].indices for k in layer_keys})
@@ -301,11 +307,12 @@ def _read_checkpoint(
     )
   noise = evidence.model_prefix(keys)
   folded = {k: concepts(k, noise) for k in keys}
+  shapes = {k: source_lib.metadata_of(source, k).shape for k in keys}
+  targets = [(s.name, tuple(s.shape)) for s in slots]
+  folded, numbered = numbering.across_stages(folded, shapes, targets)
   facts = evidence.facts_from_config(config)
   evidence.norm_roles(folded, facts)
-  ck = evidence.Checkpoint(
-    folded, {k: source_lib.metadata_of(source, k).shape for k in keys}, facts
-  )
+  ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
   ck.stacks = axes.stacks(slots, ck)
   stacked = {s.name for s in slots if any(s.name.startswith(f"{p}/") for p in ck.stacks)}
   ck.scan_axis = axes.scan_axis(slots, ck, per_layer | stacked)

@@ -44,6 +44,9 @@ class Match(sets.RecipeSet):
       not name whose outcome they changed (a recipe, ``"refused"`` or ``"undecided"``).
     towers: ``(target subtree, checkpoint subtree)`` for each tower the anchors aligned (a
       dual-tower or encoder-decoder model: each target tower reads only from its own).
+    layers: ``(target layer, checkpoint layer)`` where the target numbers its blocks across
+      the checkpoint's stages (``ResNetBlock_2`` is ``stages.1.layers.0``), read in order;
+      empty where the numbers align as they are.
 
   Examples:
     >>> import jax, numpy as np
@@ -66,9 +69,11 @@ class Match(sets.RecipeSet):
     hint_effects: Iterable[tuple[str, str, str]] = (),
     facts_from: str = "config.json",
     towers: Iterable[tuple[str, str]] = (),
+    layers: Iterable[tuple[str, str]] = (),
   ):
     self.proposals = tuple(proposals)
     self.towers = tuple(towers)
+    self.layers = tuple(layers)
     self.facts_from = facts_from
     self.source = source
     self.facts = tuple(facts)
@@ -97,6 +102,9 @@ class Match(sets.RecipeSet):
     if self.towers:
       towers = [f"{t} = {c}" for t, c in self.towers]
       lines += text_width.items("  towers (aligned by their anchors): ", towers)
+    if self.layers:
+      layers = [f"{t} = {c}" for t, c in self.layers]
+      lines += text_width.items("  layers (numbered across stages, in order): ", layers)
     for t, expr, why in rows:  # one line where it fits; else the recipe below, broken
       line = f"  {t:<{width}}  <- {expr}   [{why}]"
       fits = len(line) <= text_width.WIDTH
@@ -125,6 +133,13 @@ class Match(sets.RecipeSet):
         + ", ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.towers)
         + "</p>"
         if self.towers
+        else ""
+      )
+      + (
+        "<p>Layers (numbered across stages, in order): "
+        + ", ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.layers)
+        + "</p>"
+        if self.layers
         else ""
       )
       + html_table.table(["target", "checkpoint", "why"], body, wrap=[1, 2])

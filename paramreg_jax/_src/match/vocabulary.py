@@ -108,6 +108,19 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("router",) for w in ("router", "gating", "w_gate_router")},
   # norms
   **{w: ("norm",) for w in ("norm", "layernorm", "layer_norm", "ln", "rmsnorm", "rms_norm")},
+  # batch and group norms (convolutional models): torch keeps a batch norm's running statistics
+  # as ``running_mean``/``running_var`` beside its weight, flax as ``mean``/``var`` in the
+  # ``batch_stats`` collection, keras as ``moving_mean``/``moving_variance``
+  **{
+    w: ("norm",)
+    for w in ("bn", "batchnorm", "batch_norm", "normalization", "groupnorm", "group_norm", "gn")
+  },
+  "batch_stats": (),
+  "convolution": ("conv",),
+  # a shortcut with parameters is a projection (flax's ResNet: conv_proj, norm_proj)
+  "shortcut": ("proj",),
+  **{w: ("mean",) for w in ("running_mean", "moving_mean")},
+  **{w: ("var",) for w in ("running_var", "moving_var", "moving_variance", "variance")},
   "input_layernorm": ("attn", "norm"),
   "post_attention_layernorm": ("mlp", "norm"),  # Llama: the norm before the MLP
   "pre_feedforward_layernorm": ("mlp", "norm"),
@@ -393,6 +406,17 @@ def as_layernorm(name: str) -> str:
     if low not in _WORDS and low.endswith("_norm") and f"{low[:-5]}_layernorm" in _WORDS:
       parts[i] = f"{low[:-5]}_layernorm"
   return "/".join(parts)
+
+
+# a torch buffer that counts, not a weight: no JAX model holds it (flax's BatchNorm keeps only
+# ``mean`` and ``var``), so a checkpoint's copy in every layer is left unused without a word
+_BOOKKEEPING = frozenset({"num_batches_tracked"})
+
+
+def bookkeeping(key: str) -> bool:
+  """Whether a checkpoint key is a counter no model parameter stands for
+  (``bn1.num_batches_tracked``)."""
+  return _SEPARATORS.split(key)[-1] in _BOOKKEEPING
 
 
 def known(word: str) -> bool:
