@@ -950,12 +950,12 @@ MAPPED = {
     qwen3_gemma_style,
     electra_nnx_vit_like,
     resnet_flax,
+    siglip_bigvision,
   )
 }
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
 ASKED = {
   "qwen3_flax_auto": (qwen3_flax_auto, 2),  # Mlp_0's Dense_0/Dense_1: gate and up
-  "siglip_bigvision": (siglip_bigvision, 1),  # params/t: logit_scale, named by one letter
 }
 
 

@@ -208,6 +208,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "token_embedding": ("embed",),  # CLIP; "embedding" alone is a leaf's kind
   **{w: ("pos", "embed") for w in ("position_embedding", "positional_embedding")},
   "visual": ("vision",),  # CLIP: visual_projection
+  # a contrastive model's learned logit temperature and bias: big_vision's two towers call
+  # them ``t`` and ``b`` (log-scale, as transformers' ``logit_scale``/``logit_bias``)
+  "t": ("logit", "w"),
+  "logit_scale": ("logit", "w"),
+  "logit_bias": ("logit", "b"),
   "projection": ("proj",),
   **{w: ("pre", "norm") for w in ("pre_layrnorm", "pre_layernorm", "pre_norm")},  # CLIP's
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed", "logits_dense")},
