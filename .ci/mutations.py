@@ -318,6 +318,13 @@ MUTATIONS = (
     "    if False:\n",
     ("tests/test_match_unseen.py", "-k", "do_not_follow_the_stages"),
   ),
+  Mutation(
+    "torchvision's conv1/conv2 not read as a module and its place",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "tokens.extend(t for sub in subs for t in _placed(sub))",
+    "tokens.extend(t for sub in subs for t in _WORDS.get(sub, (sub,)))",
+    ("tests/test_match_unseen.py", "-k", "torchvision"),
+  ),
 )
 
 

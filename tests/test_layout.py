@@ -22,6 +22,9 @@ LONG_MODULES: dict[str, str] = {
   # part of a fused tensor, parts joined or stacked, layers stacked); the ways call each other
   # (a joined part is a single tensor's layout), so a cut between them would be a cycle
   "paramreg_jax/_src/match/candidates.py": "the ways tensors become one parameter",
+  # one concept: how a name reads as concepts (its words' table, and how its numbers,
+  # containers and places are read); the table and its reader change together
+  "paramreg_jax/_src/match/vocabulary.py": "how a name reads as concepts",
 }
 MAX_FUNCTION_LINES = 60  # docstring excluded
 LONG_OK = "(long:"  # a docstring that says why a function needs more

@@ -130,6 +130,19 @@ def test_modules_and_layer_templates():
     == "encoder.layer.0.output.dense"
   )
   assert coherence.template("layers_3/conv1/kernel") == "layers_#/conv1/kernel"
+  assert coherence.template("layer2.1.bn1.weight") == "layer#.#.bn1.weight"
+  assert coherence.template("layers.0.ffn.layer1.0.weight") == "layers.#.ffn.layer1.0.weight"
+
+
+def test_a_module_numbered_in_its_own_name_keeps_its_place():
+  """torchvision's ``conv1``/``bn2``: the module's concept and its place ``#j``, which pairs
+  it in order with flax's ``Conv_0``/``Conv_1``; a word the vocabulary knows whole is not
+  split (``fc1``), and one letter and a number is not a module and a place (``w1``)."""
+  assert concepts("layer1.0.conv2.weight").tokens == {"layers", "conv", "#2", "w"}
+  assert concepts("layer1.0.bn1.running_var").tokens == {"layers", "norm", "#1", "var", "w"}
+  assert "#1" not in concepts("h.0.mlp.fc1.weight").tokens
+  assert "#1" not in concepts("layers.0.feed_forward.w1.weight").tokens
+  assert concepts("layer2.0.downsample.1.weight").tokens >= {"proj"}  # the shortcut
 
 
 @pytest.mark.parametrize(
@@ -146,6 +159,9 @@ def test_modules_and_layer_templates():
     ("layers/1/mlp/layers/0/weight", (1,)),  # equinox's MLP: its list holds its modules
     ("model.layers.3.block_sparse_moe.experts.7.w1.weight", (3, 7)),
     ("layers/0/1/0/kernel", (0,)),
+    ("layer2.1.downsample.0.weight", (2, 1)),  # torchvision: stage 2's block 1
+    ("layers.0.ffn.layer1.weight", (0,)),  # a module named layer1 inside a layer
+    ("encoder.conv2.weight", ()),
   ],
 )
 def test_which_numbers_are_layers(name, indices):

@@ -1052,3 +1052,45 @@ def test_blocks_whose_shapes_do_not_follow_the_stages_are_not_renumbered():
   for leaf, _recipe, _ in partial.rows():
     got = np.asarray(R.evaluate(partial[leaf], prj.MemorySource(data)))
     np.testing.assert_array_equal(got, want[leaf], err_msg=leaf)
+
+
+def _torchvision_names(c):
+  """The ResNet fixture's tensors under the names torchvision and timm give them: ``conv1``
+  and ``bn1`` for the stem, ``layer{s}.{b}.conv1``/``bn1``/``conv2``/``bn2`` for a block,
+  ``downsample.0``/``.1`` for its projection shortcut, ``fc`` for the classifier."""
+  out = {}
+  for k, v in c.items():
+    k = k.replace("resnet.embedder.embedder.convolution", "conv1")
+    k = k.replace("resnet.embedder.embedder.normalization", "bn1").replace("classifier.1", "fc")
+    if k.startswith("resnet.encoder.stages."):
+      s, _, b, rest = k.removeprefix("resnet.encoder.stages.").split(".", 3)
+      for old, new in [
+        ("layer.0.convolution", "conv1"),
+        ("layer.0.normalization", "bn1"),
+        ("layer.1.convolution", "conv2"),
+        ("layer.1.normalization", "bn2"),
+        ("shortcut.convolution", "downsample.0"),
+        ("shortcut.normalization", "downsample.1"),
+      ]:
+        rest = rest.replace(old, new)
+      k = f"layer{int(s) + 1}.{b}.{rest}"
+    out[k] = v
+  return out
+
+
+def test_a_torchvision_resnet_maps_into_flax_resnet_example(tmp_path):
+  """torchvision's (and timm's) ResNet names: stages numbered in their own names
+  (``layer1``, ``layer2``), each block's modules too (``conv1``, ``bn2``), its shortcut a
+  sequential (``downsample.0``/``.1``). Read in order into flax's example, every leaf is the
+  hand conversion."""
+  from safetensors.numpy import save_file
+
+  _, expect = resnet_flax()
+  names = _torchvision_names(ld("resnet"))
+  assert "layer2.0.downsample.1.running_var" in names and "bn1.num_batches_tracked" in names
+  save_file(names, str(tmp_path / "model.safetensors"))
+  src = prj.open_source(str(tmp_path / "model.safetensors"))
+  target = _target(expect)
+  m = prj.match(target, src)
+  assert m.layers == (("0", "(1, 0)"), ("1", "(1, 1)"), ("2", "(2, 0)"), ("3", "(2, 1)"))
+  _assert_restores(expect, target, src, m)

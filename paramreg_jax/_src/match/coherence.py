@@ -74,20 +74,26 @@ def modules(keys: Iterable[str]) -> frozenset[str]:
 
 def template(name: str) -> str:
   """A name with its layer and expert numbers as ``#`` (``layers/3``, ``layers_3``,
-  ``experts.7``; not the ``1`` of ``conv1`` or ``norm_1``, nor a sequential's module number
-  after the layer's: ``h_0/2/scale`` is ``h_#/2/scale``)."""
+  ``experts.7``, torchvision's stage and block ``layer2.1``: ``layer#.#``; not the ``1`` of
+  ``conv1`` or ``norm_1``, nor a sequential's module number after the layer's: ``h_0/2/scale``
+  is ``h_#/2/scale``)."""
   parts = _PARTS.split(name)
-  seen, inside, previous = False, False, ""
+  seen, inside, previous, staged = False, False, "", False
   for i, part in enumerate(parts):
     if part in (".", "/", "~1"):
       continue
-    if part.isdigit() and (not previous or vocabulary.indexes(previous, not seen, inside)):
+    if part.isdigit() and (
+      not previous or staged or vocabulary.indexes(previous, not seen, inside)
+    ):
       parts[i], seen, inside = "#", True, False
-    elif "_" in part and vocabulary.is_container(part):
-      parts[i], seen, inside = part.rsplit("_", 1)[0] + "_#", True, False
+    elif vocabulary.is_container(part) or (not seen and vocabulary.is_stage(part)):
+      # layers_3, DecoderLayer_0; torchvision's stage layer2 (its next number: a block's)
+      staged = not seen and vocabulary.is_stage(part)
+      parts[i], seen, inside, previous = part.rstrip("0123456789") + "#", True, False, part
+      continue
     else:
       inside = inside or (seen and vocabulary.in_role(part))
-    previous = part
+    previous, staged = part, False
   return "".join(parts)
 
 

@@ -92,7 +92,9 @@ def match(
   keys = list(source.keys())
   given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
   per_layer = frozenset(n for n, h in given.items() if isinstance(h, str) and "{i}" in h)
-  ck = _read_checkpoint(slots, source, keys, config, frozenset(given), per_layer)
+  # a counter no parameter stands for (num_batches_tracked) is not evidence: left unused
+  weights = [k for k in keys if not vocabulary.bookkeeping(k)]
+  ck = _read_checkpoint(slots, source, weights, config, frozenset(given), per_layer)
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _oriented(slots, source, ck, recipe_hints, name_hints)
@@ -261,11 +263,7 @@ def _hint_effects(
 
 
 def _unused_layers(ignored: list[str], ck: evidence.Checkpoint) -> list[str]:
-  layer_keys = [
-    k
-    for k in ignored
-    if k in ck.concepts and ck.concepts[k].indices and not vocabulary.bookkeeping(k)
-  ]
+  layer_keys = [k for k in ignored if k in ck.concepts and ck.concepts[k].indices]
   if not layer_keys:
     return []
   extra = sorted({ck.concepts[k].indices for k in layer_keys})

@@ -119,6 +119,10 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "convolution": ("conv",),
   # a shortcut with parameters is a projection (flax's ResNet: conv_proj, norm_proj)
   "shortcut": ("proj",),
+  # torchvision's ResNet names a block's projection shortcut ``downsample`` (a conv and a batch
+  # norm, ``downsample.0``/``.1``); a stage's downsampling (timm's ConvNeXt, Swin's patch
+  # merging) is a projection as well
+  **{w: ("proj",) for w in ("downsample", "downsampling")},
   **{w: ("mean",) for w in ("running_mean", "moving_mean")},
   **{w: ("var",) for w in ("running_var", "moving_var", "moving_variance", "variance")},
   "input_layernorm": ("attn", "norm"),
@@ -254,7 +258,21 @@ def numbers_items(word: str) -> bool:
   return bool(_NUMBERS_ITEMS & set(_WORDS.get(word.lower(), ())))
 
 
+def is_stage(word: str) -> bool:
+  """Whether ``word`` numbers a stage in its own name (torchvision's ``layer2``): the first
+  number of a name when nothing before it is numbered, and the number after it its block's
+  (``layer2.1``); further in (``ffn.layer1``) a module and its place."""
+  return bool(_STAGE.match(word.lower()))
+
+
 _CONTAINER_INDEX = re.compile(r"^(layers|layer|h|block|blocks)_(\d+)$")  # linen: layers_3
+# a stage numbered in its own name, as torchvision and timm's ResNets write them (``layer1``
+# .. ``layer4``, ``stage2``): the stage's number, and the next number its block's (only as a
+# name's first numbered component: see is_stage)
+_STAGE = re.compile(r"^(layer|stage|block)(\d+)$")
+# a module numbered in its own name where the vocabulary does not know the whole word
+# (torchvision's ``conv1``, ``bn2``): the module (folded) and its place, ``#2``
+_PLACED = re.compile(r"^([a-z]{2,}?)(\d+)$")
 # a block class flax auto-names (``DecoderLayer_0``, big_vision's ``encoderblock_3``,
 # ``ResNetBlock_1``, ``ConvNeXtStage_0``): its number is a layer's, unless the class is named
 # for a part of a layer (``MlpBlock_0``, ``AttentionBlock_0``, MaxText's ``MoeBlock_0``)
@@ -285,7 +303,7 @@ def is_container(word: str) -> bool:
 
 
 def _container_number(word: str) -> int:
-  return int(word.rsplit("_", 1)[1])
+  return int(re.search(r"(\d+)$", word).group(1))  # type: ignore[union-attr]
 
 
 # the name flax gives a module class lifted by nn.scan (``nn.scan(DecoderLayer)`` is
@@ -327,26 +345,31 @@ def _words(
   parts: list[str] = []
   where: list[tuple[int, int | None]] = []
   inside = False  # in a part of a layer since the last index
+  staged = False  # the word before was a stage (layer2): this number is its block's
   for n, raw in enumerate(shape):
     word = raw.lower()
     if n == 0 and word in noise:
       continue
     container = _container(word)
+    if not where and is_stage(word):
+      container = (word.rstrip("0123456789"),)
     if _SCANNED.match(raw):  # linen's nn.scan over a block: its layers on a leading axis
       parts.append("layers")
     elif container:
       parts.extend(container)
       where.append((n, 2))
-      inside = False
+      inside, staged = False, is_stage(word)
+      continue
     elif word == "#":
       # the first number is a layer's; a later one only after a word that numbers its items
       # (``experts.3``, ``norms.2``, ``blocks.1``): ``mlp/0`` is a sequential's first module
-      if n == 0 or indexes(shape[n - 1], not where, inside):
+      if n == 0 or staged or indexes(shape[n - 1], not where, inside):
         where.append((n, None))
         inside = False
     elif word:
       parts.append(word)
       inside = inside or (bool(where) and in_role(word))
+    staged = False
   tokens, kind, bare = _fold(tuple(parts), bool(where))
   return tokens, kind, bare, tuple(where)
 
@@ -382,7 +405,7 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
       tokens.append(word)
     else:  # attn_out, type_embed, MoeBlock_0: fold each part (a flax module's number is none)
       subs = (sub for sub in word.split("_") if sub and not sub.isdigit())
-      tokens.extend(t for sub in subs for t in _WORDS.get(sub, (sub,)))
+      tokens.extend(t for sub in subs for t in _placed(sub))
   if "o" in tokens and {"mlp", "moe"} & set(tokens) and "attn" not in tokens:
     tokens = [("down" if t == "o" else t) for t in tokens]  # an MLP's output: mlp/wo, fc_out
   if "xattn" in tokens:  # cross_attn_norm: the cross-attention is not the self-attention
@@ -398,6 +421,16 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
   if indexed and "final" in tokens and "norm" in tokens:
     tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
   return frozenset(tokens), kind, not kinds
+
+
+def _placed(word: str) -> tuple[str, ...]:
+  """A word's concepts; one the vocabulary does not know that ends in a number is a module
+  and its place (``conv2`` -> conv, ``#2``; ``bn1`` -> norm, ``#1``)."""
+  if word in _WORDS:
+    return _WORDS[word]
+  if m := _PLACED.match(word):
+    return (*_WORDS.get(m.group(1), (m.group(1),)), f"#{int(m.group(2))}")
+  return (word,)
 
 
 def as_layernorm(name: str) -> str:
