@@ -53,9 +53,9 @@ from paramreg_jax._src.restore.jax_backend.backend import JaxBackend
 from paramreg_jax._src.restore.materialize import MaterializedUnit
 from paramreg_jax._src.restore.materialize import materialize
 from paramreg_jax._src.restore.pipeline import restore
-from paramreg_jax._src.restore.plan import PlanEntry
-from paramreg_jax._src.restore.plan import RestorePlan
 from paramreg_jax._src.restore.planning import plan_restore
+from paramreg_jax._src.restore.restore_plan import PlanEntry
+from paramreg_jax._src.restore.restore_plan import RestorePlan
 from paramreg_jax._src.sources.gguf import GGUFSource
 from paramreg_jax._src.sources.memory import MemorySource
 from paramreg_jax._src.sources.opening import open_source

@@ -22,6 +22,7 @@ import paramreg_jax.sources
 import paramreg_jax.typing
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+EARLY_BUILD = pytest.StashKey[tuple]()  # (work folder, the build's process), set by conftest
 PAGES = sorted(
   p for p in DOCS.rglob("*.md") if "_build" not in p.parts and "_autosummary" not in p.parts
 )
@@ -32,31 +33,24 @@ def view(tmp_path_factory):
   return runtime_view(tmp_path_factory.mktemp("runtime-site-packages"))
 
 
-@pytest.mark.slow
-def test_the_docs_build_with_warnings_as_errors(tmp_path):
-  out = tmp_path / "html"
+def start_build(work: pathlib.Path) -> subprocess.Popen:
+  """The docs build as its own process, into ``work/html``, its messages in ``work/log``.
+  ``conftest.py`` starts it when the suite's collection ends (the suite's tests run in one
+  process: this one uses the other core) and the test below waits for it."""
   env = {**os.environ, "PARAMREG_DOCS_EXECUTE": "1"}  # the notebooks run, and must not fail
-  done = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "sphinx",
-      "-W",
-      "--keep-going",
-      "-q",
-      "-b",
-      "html",
-      "-d",
-      str(tmp_path / "doctrees"),
-      str(DOCS),
-      str(out),
-    ],
-    capture_output=True,
-    text=True,
-    timeout=900,
-    env=env,
-  )
-  assert done.returncode == 0, done.stderr[-8000:]
+  command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
+  command += ["-d", str(work / "doctrees"), str(DOCS), str(work / "html")]
+  with open(work / "log", "w") as log:
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+@pytest.mark.slow
+def test_the_docs_build_with_warnings_as_errors(tmp_path, request):
+  started = request.config.stash.get(EARLY_BUILD, None)  # conftest.py: begun at collection
+  work, build = started if started is not None else (tmp_path, start_build(tmp_path))
+  out = work / "html"
+  code = build.wait(timeout=900)
+  assert code == 0, (work / "log").read_text()[-8000:]
   for page in [
     "index",
     "getting_started",

@@ -210,9 +210,10 @@ def test_every_inverse_step_belongs_to_one_op():
 
 def test_the_neutral_restore_pipeline_uses_the_jax_backend_only_as_its_default():
   """``restore/`` beside ``jax_backend/`` reaches the engine through ``ParameterBackend``:
-  it may construct ``JaxBackend()`` as the default, and ``R.evaluate`` reuses its read plan;
-  nothing else of the engine is used there (a new backend needs nothing more)."""
-  allowed = {"backend": {"JaxBackend"}, "reads": {"plan_windows", "Task"}}
+  it takes the default backend from ``backend.default()`` (one place), and ``R.evaluate``
+  is that backend's ``evaluate``; nothing else of the engine is used there (a new backend
+  needs nothing more)."""
+  allowed = {"backend": {"default"}}
   found = []
   for path in sorted((ROOT / "_src" / "restore").glob("*.py")):
     tree = ast.parse(path.read_text())

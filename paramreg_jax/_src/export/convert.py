@@ -20,8 +20,8 @@ from paramreg_jax._src.export.staging import check_destination
 from paramreg_jax._src.export.staging import published
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
-from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import planning
+from paramreg_jax._src.restore import restore_plan as plan_lib
 from paramreg_jax._src.sources import base as source_lib
 
 

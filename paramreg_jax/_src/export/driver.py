@@ -36,8 +36,8 @@ from paramreg_jax._src.export.tensors import Fetch
 from paramreg_jax._src.export.tensors import fetch_region
 from paramreg_jax._src.export.tensors import same_bits
 from paramreg_jax._src.export.tensors import write_tensor
-from paramreg_jax._src.restore import plan as plan_lib
 from paramreg_jax._src.restore import planning
+from paramreg_jax._src.restore import restore_plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.sources import base as source_lib
 

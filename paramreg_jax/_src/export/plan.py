@@ -18,7 +18,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src import html_table
 from paramreg_jax._src import text_width
 from paramreg_jax._src.export import invert as inv
-from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import restore_plan as plan_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
 

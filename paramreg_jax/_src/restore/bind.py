@@ -70,7 +70,7 @@ def bind_slots(
   backend: contract.ParameterBackend | None,
 ) -> api_types.PyTree:
   """:func:`bind` of a target already flattened (``restore`` flattens once)."""
-  backend = backend_lib.JaxBackend() if backend is None else backend
+  backend = backend_lib.default() if backend is None else backend
   excluded = patterns_lib.exclude_matcher(exclude)
   problems: list[str] = []
   wanted = {}

@@ -6,18 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src.recipes import compiler
-from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.restore.jax_backend import reads as reads_lib
-from paramreg_jax._src.sources import selection as sel_lib
+from paramreg_jax._src.restore.jax_backend import backend as backend_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
 
 def evaluate(recipe: ops.Recipe, src: CheckpointSource, index: Any = None) -> np.ndarray:
   """The value of ``recipe`` (or just the region ``index`` of it) as a numpy array.
 
-  The same compiled program and block reads a restore runs for one shard, on the host.
+  The same compiled program and block reads a restore runs for one shard, on the host (the
+  default backend's ``evaluate``).
 
   Args:
     recipe: a recipe.
@@ -42,11 +40,4 @@ def evaluate(recipe: ops.Recipe, src: CheckpointSource, index: Any = None) -> np
     >>> recipes.evaluate(r, src, (slice(1, 3),)).tolist(), src.stats.bytes_read
     ([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], 24)
   """
-  metas: inference.Metas = {}
-  inference.infer(recipe, src, memo=metas)
-  region = sel_lib.normalize_index(index, metas[id(recipe)].shape, where=str(recipe))
-  program = compiler.compile_shard(recipe, metas, region)
-  (window,) = reads_lib.plan_windows([reads_lib.Task(0, [], program)], src, 1 << 62)
-  requests = window.requests()
-  blocks = dict(zip(requests, src.read_many(requests)))
-  return np.ascontiguousarray(program.run(lambda read: window.view(blocks, read)))
+  return backend_lib.default().evaluate(recipe, src, index)

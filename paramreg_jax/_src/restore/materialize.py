@@ -20,7 +20,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src import progress
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import contract
-from paramreg_jax._src.restore import plan as plan_lib
+from paramreg_jax._src.restore import restore_plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.restore.jax_backend import backend as backend_lib
 from paramreg_jax._src.sources.base import CheckpointSource
@@ -160,7 +160,7 @@ def materialize(
     or max_inflight_bytes <= 0
   ):
     raise ValueError(f"max_inflight_bytes must be a positive int, got {max_inflight_bytes!r}")
-  backend = backend_lib.JaxBackend() if backend is None else backend
+  backend = backend_lib.default() if backend is None else backend
   owners = [e for e in plan.entries if e.kind != "alias"]
   weights: dict[str, Any] = {}
   key = owners[0].key if owners else None

@@ -26,8 +26,8 @@ from paramreg_jax._src.recipes import sets
 from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.restore.jax_backend import backend as backend_lib
-from paramreg_jax._src.restore.plan import PlanEntry
-from paramreg_jax._src.restore.plan import RestorePlan
+from paramreg_jax._src.restore.restore_plan import PlanEntry
+from paramreg_jax._src.restore.restore_plan import RestorePlan
 from paramreg_jax._src.sources import base as source_lib
 
 DtypePolicy = api_types.DtypePolicy
@@ -153,7 +153,7 @@ def plan_slots(
       )
   alias_map = {_strip(a): _strip(o) for a, o in {**set_aliases, **(aliases or {})}.items()}
   excluded = patterns_lib.exclude_matcher(exclude)
-  backend = backend_lib.JaxBackend() if backend is None else backend
+  backend = backend_lib.default() if backend is None else backend
   p = _Planning(source, slots, excluded, recipe_map, alias_map, dtype_policy, backend)
   renamed, dropped = _resolve_names(p, rename)
   dropped += list(getattr(recipes, "ignored_keys", ()))  # a match's deliberately unused keys

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paramreg_jax._src.recipes.ops import base
-from paramreg_jax._src.recipes.ops import joins
+from paramreg_jax._src.recipes.ops import shared
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
@@ -39,7 +39,7 @@ class Concatenate(base.Recipe):
     return f"concatenate({base.listing(self.inputs)}, axis={self.axis})"
 
   def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
-    joins.check_inputs(self, inputs, self.axis, stacking=False)
+    shared.check_join_inputs(self, inputs, self.axis, stacking=False)
     shape = tuple(
       sum(m.shape[self.axis] for m in inputs) if i == self.axis else d
       for i, d in enumerate(inputs[0].shape)

@@ -11,7 +11,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
-from paramreg_jax._src.recipes.ops import flat
+from paramreg_jax._src.recipes.ops import shared
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
@@ -38,7 +38,7 @@ class Reshape(base.Unary):
     return base.Meta.of(tuple(self.shape), m.dtype)
 
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
-    return flat.program(self, region, build)
+    return shared.flat_span_program(self, region, build)
 
   def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
     base.require_whole(self, region)

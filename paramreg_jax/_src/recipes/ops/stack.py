@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paramreg_jax._src.recipes.ops import base
-from paramreg_jax._src.recipes.ops import joins
+from paramreg_jax._src.recipes.ops import shared
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
@@ -35,7 +35,7 @@ class Stack(base.Recipe):
     return f"stack({base.listing(self.inputs)}, axis={self.axis})"
 
   def infer(self, inputs: list[base.Meta], src: CheckpointSource) -> base.Meta:
-    joins.check_inputs(self, inputs, self.axis, stacking=True)
+    shared.check_join_inputs(self, inputs, self.axis, stacking=True)
     first = inputs[0].shape
     return base.Meta.of((*first[: self.axis], len(inputs), *first[self.axis :]), inputs[0].dtype)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
-from paramreg_jax._src.recipes.ops import flat
+from paramreg_jax._src.recipes.ops import shared
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
 
@@ -43,7 +43,7 @@ class View(base.Unary):
     return out
 
   def program(self, region: sel_lib.Region, build: base.Building) -> base.Run:
-    return flat.program(self, region, build)
+    return shared.flat_span_program(self, region, build)
 
   def invert(self, region: base.InverseRegion, steps: base.Steps, walk: base.Walking) -> None:
     base.require_whole(self, region)

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import target as target_lib
@@ -40,9 +41,16 @@ from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.restore.jax_backend import budget as budget_lib
 from paramreg_jax._src.restore.jax_backend import direct
+from paramreg_jax._src.restore.jax_backend import reads as reads_lib
 from paramreg_jax._src.restore.jax_backend import windows
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.base import CheckpointSource
+
+
+def default() -> JaxBackend:
+  """The backend used where none is given (``restore``, ``plan_restore``, ``materialize``,
+  ``bind``, ``recipes.evaluate``): chosen here and nowhere else."""
+  return JaxBackend()
 
 
 class JaxBackend:
@@ -130,6 +138,18 @@ class JaxBackend:
     """Waits for every weight's transfers (one call for a whole unit)."""
     jax.block_until_ready([m.weight for m in materializations if not m.adopted])
     return [m.weight for m in materializations]
+
+  def evaluate(self, recipe: ops.Recipe, source: CheckpointSource, index: Any) -> np.ndarray:
+    """A recipe's value (the region ``index`` of it, ``None`` for all) on the host, compiled
+    and read as one shard of a restore is (``recipes.evaluate``)."""
+    metas: inference.Metas = {}
+    inference.infer(recipe, source, memo=metas)
+    region = sel_lib.normalize_index(index, metas[id(recipe)].shape, where=str(recipe))
+    program = compiler.compile_shard(recipe, metas, region)
+    (window,) = reads_lib.plan_windows([reads_lib.Task(0, [], program)], source, 1 << 62)
+    requests = window.requests()
+    blocks = dict(zip(requests, source.read_many(requests)))
+    return np.ascontiguousarray(program.run(lambda read: window.view(blocks, read)))
 
   def share_materialized_weight(self, weight: jax.Array) -> jax.Array:
     """The same array: JAX arrays are immutable, so a tied weight is one array at two paths."""
