@@ -27,6 +27,7 @@ from test_match_refusals import uncommented
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
+from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match.hints import named_keys
 
 DATA = pathlib.Path(__file__).parent / "data" / "unseen"
@@ -1093,4 +1094,82 @@ def test_a_torchvision_resnet_maps_into_flax_resnet_example(tmp_path):
   target = _target(expect)
   m = prj.match(target, src)
   assert m.layers == (("0", "(1, 0)"), ("1", "(1, 1)"), ("2", "(2, 0)"), ("3", "(2, 1)"))
+  _assert_restores(expect, target, src, m)
+
+
+def _timm_vit_names(c):
+  """The DINOv2 fixture's tensors under the names timm gives its ViT (``blocks.{i}``,
+  ``attn.qkv`` fused ``[q|k|v]`` rows, ``attn.proj``, ``ls1.gamma``, ``patch_embed.proj``,
+  ``pos_embed``, ``norm``), with no ``config.json`` beside them (timm ships none)."""
+  out = {
+    "cls_token": c["embeddings.cls_token"],
+    "pos_embed": c["embeddings.position_embeddings"],
+    "patch_embed.proj.weight": c["embeddings.patch_embeddings.projection.weight"],
+    "patch_embed.proj.bias": c["embeddings.patch_embeddings.projection.bias"],
+    "norm.weight": c["layernorm.weight"],
+    "norm.bias": c["layernorm.bias"],
+  }
+  for i in range(2):
+    q, b, a = f"encoder.layer.{i}.", f"blocks.{i}.", f"encoder.layer.{i}.attention.attention."
+    for kind in ("weight", "bias"):
+      out[b + f"attn.qkv.{kind}"] = np.concatenate([c[a + f"{n}.{kind}"] for n in QKV])
+      out[b + f"attn.proj.{kind}"] = c[q + f"attention.output.dense.{kind}"]
+      for n in ("norm1", "norm2", "mlp.fc1", "mlp.fc2"):
+        out[b + f"{n}.{kind}"] = c[q + f"{n}.{kind}"]
+    out[b + "ls1.gamma"] = c[q + "layer_scale1.lambda1"]
+    out[b + "ls2.gamma"] = c[q + "layer_scale2.lambda1"]
+  return out
+
+
+QKV = ("query", "key", "value")
+
+
+def _without_mask_token(expect):
+  """The target less DINOv2's ``mask_token`` (timm's ViT has none)."""
+
+  def drop(tree):
+    return (
+      {k: drop(v) for k, v in tree.items() if k != "mask_token"} if isinstance(tree, dict) else tree
+    )
+
+  return drop(expect)
+
+
+@pytest.mark.parametrize("build", [dinov2_bigvision, dinov2_levanter])
+def test_a_timm_vit_with_no_config_asks_its_fused_qkv_layout_with_the_truth_on_a_line(
+  build, tmp_path
+):
+  """The same DINOv2 saved as timm saves a ViT: q, k and v are rows of one ``qkv`` tensor,
+  and no ``config.json`` says how (contiguous ``[q|k|v]`` in timm, per head in GPT-NeoX,
+  grouped in Falcon). Nothing is split by guess: the layout is asked, every other leaf is
+  decided; choosing the true lines restores every leaf as the hand conversion."""
+  from safetensors.numpy import save_file
+
+  _, expect = build()
+  expect = _without_mask_token(expect)
+  data = _timm_vit_names(ld("dinov2"))
+  save_file(data, str(tmp_path / "model.safetensors"))
+  src = prj.open_source(str(tmp_path / "model.safetensors"))
+  target = _target(expect)
+  want = {
+    prj.path_to_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(expect)[0]
+  }
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, src)
+  assert "nothing is split by guess" in str(e.value) and "qkv" in str(e.value)
+  assert not [n for n, _, _ in e.value.partial.rows() if "query" in n or "key" in n]
+  entries = literal_entries(e.value)
+  assert {k.rsplit("/", 2)[-2] for k in entries} == {"query", "key", "value"}
+  hints = {}
+  for key, lines in entries.items():
+    values = [uncommented(line)[key] for line in lines]
+    members = expand_template(key, list(want))
+    right = [
+      v
+      for v in values
+      if all(_holds_in(hints_lib._at_layer(v, at or ""), want[n], data, None) for n, at in members)
+    ]
+    assert len(right) == 1, f"{key}: {len(right)} lines hold its values:\n{e.value.hints_code}"
+    hints[key] = right[0]
+  m = prj.match(target, src, hints=hints)
   _assert_restores(expect, target, src, m)
