@@ -1173,3 +1173,54 @@ def test_a_timm_vit_with_no_config_asks_its_fused_qkv_layout_with_the_truth_on_a
     hints[key] = right[0]
   m = prj.match(target, src, hints=hints)
   _assert_restores(expect, target, src, m)
+
+
+def _openclip_names(c):
+  """The CLIP fixture's tensors under OpenAI's and open_clip's names: the text tower at the
+  top level (``transformer.resblocks.{i}``, ``token_embedding``, ``ln_final``), the vision
+  tower under ``visual.``; torch ``nn.MultiheadAttention`` (``attn.in_proj_weight``, rows
+  ``[q|k|v]``), ``mlp.c_fc``/``c_proj``, and the projections kept as raw ``[in, out]``
+  parameters (``text_projection``, ``visual.proj``: ``x @ proj``)."""
+  out = {
+    "token_embedding.weight": c["text_model.embeddings.token_embedding.weight"],
+    "positional_embedding": c["text_model.embeddings.position_embedding.weight"],
+    "ln_final.weight": c["text_model.final_layer_norm.weight"],
+    "ln_final.bias": c["text_model.final_layer_norm.bias"],
+    "text_projection": T(c["text_projection.weight"]),
+    "logit_scale": c["logit_scale"],
+    "visual.class_embedding": c["vision_model.embeddings.class_embedding"],
+    "visual.positional_embedding": c["vision_model.embeddings.position_embedding.weight"],
+    "visual.conv1.weight": c["vision_model.embeddings.patch_embedding.weight"],
+    "visual.ln_pre.weight": c["vision_model.pre_layrnorm.weight"],
+    "visual.ln_pre.bias": c["vision_model.pre_layrnorm.bias"],
+    "visual.ln_post.weight": c["vision_model.post_layernorm.weight"],
+    "visual.ln_post.bias": c["vision_model.post_layernorm.bias"],
+    "visual.proj": T(c["visual_projection.weight"]),
+  }
+  for tower, into in (("text_model", ""), ("vision_model", "visual.")):
+    for i in range(2):
+      q, b = f"{tower}.encoder.layers.{i}.", f"{into}transformer.resblocks.{i}."
+      a = q + "self_attn."
+      for kind in ("weight", "bias"):
+        out[b + f"attn.in_proj_{kind}"] = np.concatenate([c[a + f"{n}_proj.{kind}"] for n in "qkv"])
+        out[b + f"attn.out_proj.{kind}"] = c[a + f"out_proj.{kind}"]
+        out[b + f"ln_1.{kind}"] = c[q + f"layer_norm1.{kind}"]
+        out[b + f"ln_2.{kind}"] = c[q + f"layer_norm2.{kind}"]
+        out[b + f"mlp.c_fc.{kind}"] = c[q + f"mlp.fc1.{kind}"]
+        out[b + f"mlp.c_proj.{kind}"] = c[q + f"mlp.fc2.{kind}"]
+  return out
+
+
+@pytest.mark.parametrize("build", [clip_nnx, clip_equinox])
+def test_an_open_clip_checkpoint_maps_into_each_style(build, tmp_path):
+  """The same CLIP saved with OpenAI's and open_clip's names: one tower at the top level and
+  the other under ``visual.``, fused torch attention, raw ``[in, out]`` projections of one
+  shape in both towers. Every leaf is the hand conversion."""
+  from safetensors.numpy import save_file
+
+  _, expect = build()
+  save_file(_openclip_names(ld("clip")), str(tmp_path / "model.safetensors"))
+  src = prj.open_source(str(tmp_path / "model.safetensors"))
+  target = _target(expect)
+  m = prj.match(target, src)
+  _assert_restores(expect, target, src, m)

@@ -64,15 +64,21 @@ def linear_convention(
       shape, indices = one_layer(tuple(slot.shape), tc, ck), (0,)  # compare with layer 0
     if shape is None or not linear_target(tc, shape) or shape[0] == shape[1]:
       continue
-    group = votes[in_out_leaf(slot.name)]
+    said: dict[str, list[str]] = {"t": [], "same": []}
     for k in ck.by_layer.get(indices, ()):
       sc, sshape = ck.concepts[k], ck.shapes[k]
-      if not is_linear(sc, sshape) or sc.similarity(tc) < 0.75:
+      # a bare parameter (CLIP's ``text_projection``, used as ``x @ p``) is no module's weight:
+      # its layout is its author's and says nothing of the checkpoint's linear modules
+      if not is_linear(sc, sshape) or sc.bare or sc.similarity(tc) < 0.75:
         continue
       if sshape == shape:
-        group["same"].append(f"{k} {sshape} = {slot.name}")
+        said["same"].append(f"{k} {sshape} = {slot.name}")
       elif sshape[::-1] == shape:
-        group["t"].append(f"{k} {sshape} = transposed {slot.name}")
+        said["t"].append(f"{k} {sshape} = transposed {slot.name}")
+    if said["t"] and said["same"]:
+      continue  # named alike both ways (equinox's mlp/layers/0: c_fc as stored, c_proj turned)
+    for relation, pairs in said.items():
+      votes[in_out_leaf(slot.name)][relation] += pairs
   stored, by, problem = _agreed(votes[True], ck.facts.convention, ck.facts.model_type)
   other, _, other_problem = _agreed(votes[False], None, None)
   return stored, by, other, problem or other_problem
@@ -165,14 +171,21 @@ _ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
 
 
 def decided_relation(
-  slots: list[Any], decided: dict[str, Any], ck: Checkpoint, *, in_out: bool = False
+  slots: list[Any],
+  decided: dict[str, Any],
+  ck: Checkpoint,
+  *,
+  in_out: bool = False,
+  bare: bool = False,
 ) -> str | None:
   """How the target's non-square linear weights that evidence or a name hint decided relate
   to their stored tensors, if they all agree: ``"t"`` (transposed) or ``"same"``; what orients
   the square ones no config can. ``in_out``: of the leaves named ``kernel``/``w`` (then it is
   the checkpoint's own layout, for a checkpoint without a config whose names matched too
   loosely to vote), else of the others. Only decided leaves of that kind count, never
-  candidates still open (nor a recipe given as a hint: it is the user's to lay out)."""
+  candidates still open (nor a recipe given as a hint: it is the user's to lay out). ``bare``:
+  of the stored parameters with no kind word (laid out as their author chose), else of the
+  linear modules' weights."""
   said = set()
   for slot in slots:
     if in_out_leaf(slot.name) != in_out:
@@ -183,13 +196,16 @@ def decided_relation(
     if len({ck.shapes.get(k) for k in p.keys}) != 1:
       continue  # one tensor, or one per layer of one shape
     tc = concepts(slot.name)
+    stored = ck.shapes.get(p.keys[0])
     shape = tuple(slot.shape) if len(slot.shape) != 3 else one_layer(tuple(slot.shape), tc, ck)
+    if stored is not None and len(stored) == len(slot.shape) == 3:
+      if "experts" in ck.concepts[p.keys[0]].tokens:  # [E, out, in] per expert, as one tensor
+        shape, stored = tuple(slot.shape)[1:], stored[1:]
     if shape is None:
       continue  # a stacked kernel whose layers' axis is not known
-    stored = ck.shapes.get(p.keys[0])
     if stored is None or len(shape) != 2 or shape[0] == shape[1] or not linear_target(tc, shape):
       continue
-    if not is_linear(ck.concepts[p.keys[0]], stored):
+    if not is_linear(ck.concepts[p.keys[0]], stored) or ck.concepts[p.keys[0]].bare != bare:
       continue
     if stored == shape:
       said.add("same")

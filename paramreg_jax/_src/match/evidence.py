@@ -213,6 +213,10 @@ class Checkpoint:
   # how the target's decided non-square linear weights relate to their stored tensors ("t",
   # "same"; None if none or they disagree): what orients the square ones a config cannot
   decided_relation: str | None = None
+  # the same for bare stored parameters (no ``.weight``: CLIP's ``text_projection``,
+  # gpt-oss's experts), whose layout is their author's, not the linear modules':
+  # ``{target leaf named kernel/w: relation}``, from the decided non-square ones
+  bare_relations: dict[bool, str] = dataclasses.field(default_factory=dict)
   # where the target's stacked leaves keep their layers: 0 (``nnx.scan``) or 1 (MaxText's
   # ``param_scan_axis``); None when no leaf's sizes say it (then both are offered)
   scan_axis: int | None = 0
@@ -236,6 +240,7 @@ class Checkpoint:
       self.other_relation,
       self.hinted_convention,
       self.decided_relation,
+      self.bare_relations,
       self.scan_axis,
       self.towers,
       self.stacks,

@@ -171,6 +171,13 @@ def _oriented(
     ck.decided_relation = axes.decided_relation(slots, proposals, ck)
     if ck.decided_relation is not None:
       proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
+  if problems and not ck.bare_relations:  # bare parameters by the bare ones decided
+    for in_out in (True, False):
+      relation = axes.decided_relation(slots, proposals, ck, in_out=in_out, bare=True)
+      if relation is not None:
+        ck.bare_relations[in_out] = relation
+    if ck.bare_relations:
+      proposals, problems, ranked = _decide(slots, source, ck, recipe_hints, name_hints)
   return proposals, problems, ranked
 
 

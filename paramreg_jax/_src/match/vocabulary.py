@@ -49,6 +49,7 @@ _PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 _WORDS: dict[str, tuple[str, ...]] = {
   # containers and noise
   **{w: ("layers",) for w in ("layers", "layer", "h", "block", "blocks", "encoder_layer")},
+  "resblocks": ("layers",),  # OpenAI's CLIP and open_clip: transformer.resblocks.{i}
   **{w: () for w in ("model", "transformer", "bert", "vit", "self", "base_model", "params")},
   **{w: () for w in ("token", "tok", "word", "words")},  # token_embed: the (token) embedding
   # parameter kinds
