@@ -728,7 +728,8 @@ def test_fused_qkv_column_sharded_reads_each_source_once():
 
 def test_packing_reads_is_linear_in_the_number_of_shards():
   """10,000 single-device tensors took 26 s when each added shard recounted its window:
-  4x the shards must cost about 4x the time (quadratic would be 16x)."""
+  8x the shards must cost about 8x the time (quadratic would be 64x). The two sizes are timed
+  in turn, best of 5 each, so that a busy machine slows both alike."""
   import time
 
   from paramreg_jax._src.recipes import compiler
@@ -736,8 +737,8 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
   from paramreg_jax._src.restore.jax_backend import reads
 
   device = jax.devices()[0]
-  seconds = {}
-  for n in (1000, 4000):
+  cases = {}
+  for n in (1000, 8000):
     src = MemorySource({f"w{i}": np.zeros((4,), np.float32) for i in range(n)})
     tasks = []
     for i in range(n):
@@ -746,14 +747,15 @@ def test_packing_reads_is_linear_in_the_number_of_shards():
       inference.infer(r, src, memo=metas)
       program = compiler.compile_shard(r, metas, ((0, 4),))
       tasks.append(reads.Task(i, [device], program))
-    best = float("inf")
-    for _ in range(3):
+    cases[n] = (src, tasks)
+  seconds = {n: float("inf") for n in cases}
+  for _ in range(5):
+    for n, (src, tasks) in cases.items():
       t0 = time.perf_counter()
       (window,) = reads.plan_windows(tasks, src, 1 << 30)
-      best = min(best, time.perf_counter() - t0)
-    assert len(window.tasks) == n and window.nbytes == 0  # CPU hand-offs: restored memory
-    seconds[n] = best
-  assert seconds[4000] < 8 * seconds[1000], seconds
+      seconds[n] = min(seconds[n], time.perf_counter() - t0)
+      assert len(window.tasks) == n and window.nbytes == 0  # CPU hand-offs: restored memory
+  assert seconds[8000] < 24 * seconds[1000], seconds
 
 
 def test_the_cycle_collector_is_paused_only_while_weights_are_built():
