@@ -17,7 +17,7 @@ from paramreg_jax._src.match.vocabulary import concepts
 
 
 def orientation(
-  ck: Checkpoint, target: str, hinted: bool = False, *, decided: bool = True
+  ck: Checkpoint, target: str, hinted: bool = False, *, decided: bool = True, bare: bool = False
 ) -> str | None:
   """How a target leaf's linear weight relates to the stored one: ``"t"`` (transposed),
   ``"same"``, ``"conflict"``, or None (unknown: only its shape can orient it, and a square one
@@ -27,10 +27,13 @@ def orientation(
   a leaf named as flax and haiku name an ``[in, out]`` weight (``kernel``, ``w``); any other
   leaf (a ``weight`` may be ``[out, in]``) is oriented by the other non-square leaves' shapes,
   else by those that evidence already decided (``decided``). A name hint's pairs say it for
-  the hinted leaves.
+  the hinted leaves. A ``bare`` stored parameter (no ``.weight``: CLIP's ``text_projection``,
+  used as ``x @ p``) is laid out as its author chose: only the bare ones decided orient it.
   """
   if hinted and ck.hinted_convention:
     return ck.hinted_convention  # what the hinted pairs' own shapes show
+  if bare and not hinted:
+    return ck.bare_relations.get(in_out_leaf(target))
   if in_out_leaf(target):
     return ck.convention
   if ck.other_relation is not None:

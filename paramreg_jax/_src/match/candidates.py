@@ -15,7 +15,6 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from paramreg_jax._src.match.axes import in_out_leaf
 from paramreg_jax._src.match.axes import orientation
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
@@ -300,9 +299,7 @@ def _single(
   sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
   if sc.kind != tc.kind and not hinted:
     return []
-  relation = orientation(ck, tc.name, hinted)
-  if sc.bare and not hinted:  # a bare parameter (x @ p) is laid out as its author chose
-    relation = ck.bare_relations.get(in_out_leaf(tc.name))
+  relation = orientation(ck, tc.name, hinted, bare=sc.bare)
   out = []
   score = tc.similarity(sc)
   linear = is_linear(sc, sshape[1:] if len(sshape) == 3 and "experts" in sc.tokens else sshape)
