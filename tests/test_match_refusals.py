@@ -186,15 +186,18 @@ def test_each_problem_is_its_message_and_carries_its_choices():
   src = MemorySource(
     {f"h.{i}.ln_{j}.weight": np.ones(4, np.float32) for i in range(3) for j in (1, 2)}
   )
-  target = {f"block_{i}": {n: {"scale": _sds((4,))} for n in ("pre", "post")} for i in range(3)}
+  target = {
+    f"block_{i}": {n: {"scale": _sds((4,))} for n in ("norm_a", "norm_b")} for i in range(3)
+  }
   with pytest.raises(prj.MatchError) as info:
     prj.match(target, src)
   e = info.value
   assert len(e.problems) == 2  # one per concept, not one per layer and leaf
-  (pre,) = (p for p in e.problems if "block_{i}/pre/scale" in p.choices)
-  assert isinstance(pre, str) and pre.startswith("block_{i}/pre/scale (4,), in 3 layers (0, 1, 2)")
-  assert pre.targets == ("block_0/pre/scale", "block_1/pre/scale", "block_2/pre/scale")
-  assert [c.hint for c in pre.choices["block_{i}/pre/scale"]] == [
+  (pre,) = (p for p in e.problems if "block_{i}/norm_a/scale" in p.choices)
+  assert isinstance(pre, str)
+  assert pre.startswith("block_{i}/norm_a/scale, in 3 layers (0, 1, 2)")
+  assert pre.targets == ("block_0/norm_a/scale", "block_1/norm_a/scale", "block_2/norm_a/scale")
+  assert [c.hint for c in pre.choices["block_{i}/norm_a/scale"]] == [
     "h.{i}.ln_1.weight",
     "h.{i}.ln_2.weight",
   ]
@@ -298,6 +301,58 @@ def test_order_is_not_used_against_a_sibling_decided_out_of_order():
     got["layers_0/attention/Dense_0/kernel"]
     == "transpose(source('model.layers.0.self_attn.q_proj.weight'), (1, 0))"
   )
+
+
+def _norms(*names, layer="model.layers.0"):
+  """A layer's norms, each a distinct value (a swap changes what is restored)."""
+  return {f"{layer}.{n}.weight": np.full(4, j, np.float32) for j, n in enumerate(names)}
+
+
+@pytest.mark.parametrize(
+  "first, second",
+  [("attn_pre_gamma", "attn_post_gamma"), ("pre_gamma", "post_gamma"), ("ln_before", "ln_after")],
+)
+def test_a_pre_and_a_post_sibling_take_the_norms_in_call_order(first, second):
+  """jax-llm-examples names Llama's norms ``attn_pre_gamma``/``attn_post_gamma``: both score
+  alike on both tensors (nothing in a name says the pre-MLP norm is "after" the attention),
+  so the word pre/post (before/after) orders them: the first applied is the pre."""
+  ck = _norms("input_layernorm", "post_attention_layernorm")
+  target = {"layers_0": {first: _sds((4,)), second: _sds((4,))}}
+  m = prj.match(target, MemorySource(ck))
+  why = {t: w for t, _, w in m.rows()}
+  assert why[f"layers_0/{second}"].endswith(f"in order: {second} of 2 is the mlp norm")
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]
+  np.testing.assert_array_equal(got[first], ck["model.layers.0.input_layernorm.weight"])
+  np.testing.assert_array_equal(got[second], ck["model.layers.0.post_attention_layernorm.weight"])
+
+
+def test_pre_and_post_say_nothing_of_norms_whose_roles_are_unknown():
+  ck = _norms("a_norm", "b_norm")
+  target = {"layers_0": {"pre_gamma": _sds((4,)), "post_gamma": _sds((4,))}}
+  with pytest.raises(prj.MatchError, match="layers_0/pre_gamma"):
+    prj.match(target, MemorySource(ck))
+
+
+@pytest.mark.parametrize(
+  "names",
+  [
+    ("pre_attention_norm", "post_attention_norm", "pre_ffw_norm", "post_ffw_norm"),  # gemma
+    ("input_norm", "post_attention_norm", "pre_mlp_norm", "post_mlp_norm"),
+  ],
+)
+def test_a_sandwich_of_four_norms_in_the_targets_own_words(names):
+  """Gemma 2's four norms as Google's gemma library names them: beside a pre-MLP norm the
+  target's ``post_attention_norm`` is the attention's post-norm, as the checkpoint's is."""
+  ck = _norms(
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+  )
+  target = {"layers_0": {n: {"scale": _sds((4,))} for n in names}}
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  for j, n in enumerate(names):
+    np.testing.assert_array_equal(got["layers_0"][n]["scale"], np.full(4, j, np.float32))
 
 
 def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():

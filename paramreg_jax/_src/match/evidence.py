@@ -308,12 +308,13 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
   checkpoint's own keys) says more than the name.
 
   - ``post_attention_layernorm`` is Llama's norm before the MLP, but the attention's post-norm
-    in Gemma 2/3 and OLMo 2 (their config's model type says so; a checkpoint with a
-    ``pre_feedforward_layernorm`` says so itself).
+    in Gemma 2/3 and OLMo 2 (their config's model type says so; a checkpoint whose MLP has a
+    norm of its own, ``pre_feedforward_layernorm`` or ``post_feedforward_layernorm``, says so
+    itself).
   - ``mlp.gate`` beside ``mlp.experts`` is the router of a mixture of experts (transformers 5
     stores Mixtral and Qwen-MoE this way), not a gate projection.
   """
-  post = facts.post_norms or any(_PRE_FFN in k for k in src)
+  post = facts.post_norms or any(_MLP_NORM.search(k) for k in src)
   moe = any(".experts." in k for k in src)
   if not (post or moe):
     return
@@ -326,17 +327,18 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
 
 
 _ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$")
-_PRE_FFN = "pre_feedforward_layernorm"
+_MLP_NORM = re.compile(r"(pre|post)_feedforward_layernorm")
 _STACKS = frozenset({"encoder", "decoder"})  # which of a model's stacks, where it has two
 # a target's names, with ``_norm`` for ``_layernorm`` as the vocabulary folds them
 _POST_ATTN = re.compile(r"post_attention_(layer)?norm")
-_PRE_FFN_TARGET = re.compile(r"pre_feedforward_(layer)?norm")
+_MLP_NORM_TARGET = re.compile(r"(pre|post)_(feedforward|ffw|ffn|mlp)_(layer)?norm")
 
 
 def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concepts:
   """A target parameter's concepts, with the role of a norm named as transformers names
   Gemma 2's: its ``post_attention_layernorm`` is the attention's post-norm where the
-  checkpoint's model type says so or the target has a ``pre_feedforward_layernorm`` too.
+  checkpoint's model type says so or the target's MLP has a norm of its own too (a pre- or
+  post-norm: ``pre_ffw_norm``, ``post_feedforward_layernorm``, as Gemma 2 and OLMo 2 have).
   A stack the checkpoint does not have (MaxText's ``decoder/`` over a decoder-only model)
   says nothing."""
   facts = ck.facts
@@ -346,7 +348,7 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))
   if _POST_ATTN.search(name) and (
-    facts.post_norms or any(_PRE_FFN_TARGET.search(n) for n in slot_names)
+    facts.post_norms or any(_MLP_NORM_TARGET.search(n) for n in slot_names)
   ):
     return dataclasses.replace(c, tokens=frozenset((c.tokens - {"mlp"}) | {"attn", "post"}))
   return c

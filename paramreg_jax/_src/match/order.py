@@ -59,14 +59,45 @@ def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
   return ("/".join(parts[:-2]), base, leaf), int(n or 0)
 
 
+# words that place a module before or after its sibling named alike but for them
+_BEFORE_AFTER = {"pre": ("pre/post", 0), "post": ("pre/post", 1)}
+_BEFORE_AFTER |= {"before": ("before/after", 0), "after": ("before/after", 1)}
+
+
+def _before_after(name: str) -> tuple[tuple[str, str, str], int] | None:
+  """``((pattern, pair, ""), 0 or 1)`` of a name whose module or leaf says it comes before
+  or after a sibling named alike but for that word (``attn_pre_gamma``/``attn_post_gamma``,
+  ``pre_ffw_norm/scale``/``post_ffw_norm/scale``, ``layernorm_before``/``_after``)."""
+  parts = _PATH.split(name)
+  for at in range(len(parts) - 1, max(len(parts) - 3, -1), -1):
+    words = parts[at].split("_")
+    hits = [i for i, w in enumerate(words) if w.lower() in _BEFORE_AFTER]
+    if len(hits) == 1:
+      pair, n = _BEFORE_AFTER[words[hits[0]].lower()]
+      words[hits[0]] = "{" + pair + "}"
+      return ("/".join([*parts[:at], "_".join(words), *parts[at + 1 :]]), pair, ""), n
+  return None
+
+
 def _families(names: list[str]) -> dict[tuple[str, str, str], dict[int, str]]:
-  """``{(parent, base, leaf): {number: name}}``: the numbered siblings among ``names``."""
+  """``{(parent, base, leaf): {number: name}}``: the numbered siblings among ``names``, and
+  the pairs a pre/post (before/after) word orders (``(pattern, pair, "")``: 0 the first)."""
   families: dict[tuple[str, str, str], dict[int, str]] = {}
   for name in names:
-    found = _sibling(name)
-    if found is not None:
-      families.setdefault(found[0], {})[found[1]] = name
+    for found in (_sibling(name), _before_after(name)):
+      if found is not None:
+        families.setdefault(found[0], {})[found[1]] = name
   return families
+
+
+def _label(name: str, members: Mapping[int, str]) -> str:
+  """The part of ``name`` its family's members differ in (``Dense_1``, ``attn_pre_gamma``)."""
+  split = [_PATH.split(m) for m in members.values()]
+  parts = _PATH.split(name)
+  for at in range(len(parts) - 1, -1, -1):
+    if len({p[at] if len(p) == len(parts) else None for p in split}) > 1:
+      return parts[at]
+  return parts[-1]
 
 
 def role(tokens: frozenset[str]) -> tuple[str, int] | None:
@@ -109,7 +140,11 @@ def settle(
     if len(waiting) < 2 or len(members) != len({*members.values()}):
       continue
     sets = {
-      n: [c for c in distinct(top(open_[name])) if c.fused is not None or c.keys not in by_evidence]
+      n: [
+        c
+        for c in _named(open_[name], top, waiting, open_)
+        if c.fused is not None or c.keys not in by_evidence
+      ]
       for n, name in waiting.items()
     }
     # the open siblings that want the same tensors, as many as they are, pair in order
@@ -125,10 +160,24 @@ def settle(
       continue
     for n, (tensor, what, _) in assigned.items():
       picks = [c for c in sets[n] if c.keys == tensor]
-      if len(picks) == 1:
-        module = waiting[n].split("/")[-2]
+      if len(picks) == 1 and waiting[n] not in out:
+        module = _label(waiting[n], members)
         out[waiting[n]] = (picks[0], f"in order: {module} of {len(members)} is the {what}")
   return out
+
+
+def _named(
+  cands: list[Candidate], top: Any, waiting: Mapping[int, str], open_: Mapping[str, list[Candidate]]
+) -> list[Candidate]:
+  """What the order may pair a sibling with: its best by name (``top``) or, where ``k``
+  siblings are named alike to the last score (``attn_pre_gamma``, ``attn_post_gamma``: the
+  names say nothing of which is which), the ``k`` best named (with ties: more)."""
+  profile = [(c.keys, c.score) for c in distinct(cands)]
+  k = sum(profile == [(c.keys, c.score) for c in distinct(open_[w])] for w in waiting.values())
+  best = top(cands)
+  if k < 2 or len(distinct(best)) >= k or len(profile) < k:
+    return best
+  return [c for c in cands if c.score >= profile[k - 1][1]]
 
 
 def _ranked(

@@ -13,21 +13,21 @@ Examples:
   >>> src = prj.MemorySource({f"h.{i}.ln_{j}.weight": np.ones(4, np.float32)
   ...                         for i in range(2) for j in (1, 2)})
   >>> target = {f"block_{i}": {n: {"scale": jax.ShapeDtypeStruct((4,), np.float32)}
-  ...                          for n in ("pre", "post")} for i in range(2)}
+  ...                          for n in ("norm_a", "norm_b")} for i in range(2)}
   >>> try:
   ...   prj.match(target, src)
   ... except prj.MatchError as e:
   ...   err = e
   >>> print(err.hints_code)
   hints = {
-    # block_{i}/post/scale (4,), in 2 layers: ambiguous; uncomment one:
-    # "block_{i}/post/scale": "h.{i}.ln_1.weight",  # name (0.40)
-    # "block_{i}/post/scale": "h.{i}.ln_2.weight",  # name (0.40)
-    # block_{i}/pre/scale (4,), in 2 layers: ambiguous; uncomment one:
-    # "block_{i}/pre/scale": "h.{i}.ln_1.weight",  # name (0.40)
-    # "block_{i}/pre/scale": "h.{i}.ln_2.weight",  # name (0.40)
+    # block_{i}/norm_a/scale (4,), in 2 layers: ambiguous; uncomment one:
+    # "block_{i}/norm_a/scale": "h.{i}.ln_1.weight",  # name (0.60)
+    # "block_{i}/norm_a/scale": "h.{i}.ln_2.weight",  # name (0.60)
+    # block_{i}/norm_b/scale (4,), in 2 layers: ambiguous; uncomment one:
+    # "block_{i}/norm_b/scale": "h.{i}.ln_1.weight",  # name (0.60)
+    # "block_{i}/norm_b/scale": "h.{i}.ln_2.weight",  # name (0.60)
   }
-  >>> err.problems[0].choices["block_{i}/post/scale"][0].hint
+  >>> err.problems[0].choices["block_{i}/norm_a/scale"][0].hint
   'h.{i}.ln_1.weight'
 """
 

@@ -1,0 +1,374 @@
+"""The suite's Hugging Face checkpoints into the layouts other JAX projects write by hand.
+
+Each target is a tree as that project's own conversion script produces it, written out here
+leaf by leaf (the transposes, head splits and stacks): EasyLM's Llama (``wq``, ``w1``/``w3``,
+``attention_norm``/``ffn_norm``, ``kernel``-named norms), Google's gemma library (``q_einsum``,
+``kv_einsum`` stacking k and v, ``gating_einsum`` stacking gate and up, both orientations;
+on BERT its ``qkv_einsum`` and ``post_attention_norm``/``post_ffw_norm`` post-norms),
+jax-llm-examples (bare ``q``/``k``/``v``/``o`` split into heads, ``attn_pre_gamma``/
+``attn_post_gamma``), keras-hub's BERT (``query_dense`` ``[hidden, heads, head_dim]``, norms'
+``gamma``/``beta``), a fused ``qkv_proj``/``gate_up_proj`` as TPU serving code keeps it, and a
+nanoGPT-style BERT with one ``c_attn``. None names its parameters as transformers does; each
+must map with no hint and every restored leaf equal the hand conversion.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import paramreg_jax as prj
+
+D = pathlib.Path(__file__).parent / "data" / "hf"
+
+
+def ld(name):
+  return load_file(str(D / name / "model.safetensors"))
+
+
+def T(x):
+  return np.ascontiguousarray(x.T)
+
+
+def easylm():
+  c = ld("llama")
+  L = 2
+  h = {}
+  for i in range(L):
+    p = f"model.layers.{i}."
+    h[str(i)] = {
+      "attention": {
+        k: {"kernel": T(c[p + f"self_attn.{n}_proj.weight"])}
+        for k, n in (("wq", "q"), ("wk", "k"), ("wv", "v"), ("wo", "o"))
+      },
+      "feed_forward": {
+        "w1": {"kernel": T(c[p + "mlp.gate_proj.weight"])},
+        "w2": {"kernel": T(c[p + "mlp.down_proj.weight"])},
+        "w3": {"kernel": T(c[p + "mlp.up_proj.weight"])},
+      },
+      "attention_norm": {"kernel": c[p + "input_layernorm.weight"]},
+      "ffn_norm": {"kernel": c[p + "post_attention_layernorm.weight"]},
+    }
+  return "llama", {
+    "transformer": {
+      "wte": {"embedding": c["model.embed_tokens.weight"]},
+      "h": h,
+      "ln_f": {"kernel": c["model.norm.weight"]},
+    },
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+
+
+def gemma_library():
+  c = ld("gemma")
+  L = 2
+  H, K, Dh, Dm = 4, 1, 8, 32
+  t = {
+    "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
+    "final_norm": {"scale": c["model.norm.weight"]},
+  }
+  for i in range(L):
+    p = f"model.layers.{i}."
+    q = c[p + "self_attn.q_proj.weight"].reshape(H, Dh, Dm).transpose(0, 2, 1)
+    k = c[p + "self_attn.k_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
+    v = c[p + "self_attn.v_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
+    o = c[p + "self_attn.o_proj.weight"].T.reshape(H, Dh, Dm)
+    t[f"layer_{i}"] = {
+      "pre_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
+      "pre_ffw_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
+      "attn": {
+        "q_einsum": {"w": np.ascontiguousarray(q)},
+        "kv_einsum": {"w": np.ascontiguousarray(np.stack([k, v]))},
+        "attn_vec_einsum": {"w": np.ascontiguousarray(o)},
+      },
+      "mlp": {
+        "gating_einsum": np.ascontiguousarray(
+          np.stack([c[p + "mlp.gate_proj.weight"], c[p + "mlp.up_proj.weight"]])
+        ),
+        "linear": T(c[p + "mlp.down_proj.weight"]),
+      },
+    }
+  return "gemma", {"transformer": t}
+
+
+def keras_hub_bert():
+  c = ld("bert")
+  L = 2
+  H = 4
+  Dm = 32
+  Dh = 8
+
+  def qkv(w):
+    return np.ascontiguousarray(w.T.reshape(Dm, H, Dh))
+
+  def qb(b):
+    return np.ascontiguousarray(b.reshape(H, Dh))
+
+  t = {
+    "token_embedding": {"embeddings": c["embeddings.word_embeddings.weight"]},
+    "position_embedding": {"embeddings": c["embeddings.position_embeddings.weight"]},
+    "segment_embedding": {"embeddings": c["embeddings.token_type_embeddings.weight"]},
+    "embeddings_layer_norm": {
+      "gamma": c["embeddings.LayerNorm.weight"],
+      "beta": c["embeddings.LayerNorm.bias"],
+    },
+    "pooled_dense": {"kernel": T(c["pooler.dense.weight"]), "bias": c["pooler.dense.bias"]},
+  }
+  for i in range(L):
+    p = f"encoder.layer.{i}."
+    a = p + "attention.self."
+    t[f"transformer_layer_{i}"] = {
+      "self_attention_layer": {
+        "query_dense": {"kernel": qkv(c[a + "query.weight"]), "bias": qb(c[a + "query.bias"])},
+        "key_dense": {"kernel": qkv(c[a + "key.weight"]), "bias": qb(c[a + "key.bias"])},
+        "value_dense": {"kernel": qkv(c[a + "value.weight"]), "bias": qb(c[a + "value.bias"])},
+        "output_dense": {
+          "kernel": np.ascontiguousarray(
+            c[p + "attention.output.dense.weight"].T.reshape(H, Dh, Dm)
+          ),
+          "bias": c[p + "attention.output.dense.bias"],
+        },
+      },
+      "self_attention_layer_norm": {
+        "gamma": c[p + "attention.output.LayerNorm.weight"],
+        "beta": c[p + "attention.output.LayerNorm.bias"],
+      },
+      "feedforward_intermediate_dense": {
+        "kernel": T(c[p + "intermediate.dense.weight"]),
+        "bias": c[p + "intermediate.dense.bias"],
+      },
+      "feedforward_output_dense": {
+        "kernel": T(c[p + "output.dense.weight"]),
+        "bias": c[p + "output.dense.bias"],
+      },
+      "feedforward_layer_norm": {
+        "gamma": c[p + "output.LayerNorm.weight"],
+        "beta": c[p + "output.LayerNorm.bias"],
+      },
+    }
+  return "bert", t
+
+
+def gemma_library_llama():  # llama weights in deepmind gemma's layout, 2 kv heads, gating not transposed
+  c = ld("llama")
+  L = 2
+  H, K, Dh, Dm = 4, 2, 8, 32
+  t = {
+    "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
+    "final_norm": {"scale": c["model.norm.weight"]},
+    "unembed": T(c["lm_head.weight"]),
+  }
+  for i in range(L):
+    p = f"model.layers.{i}."
+    q = c[p + "self_attn.q_proj.weight"].reshape(H, Dh, Dm).transpose(0, 2, 1)
+    k = c[p + "self_attn.k_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
+    v = c[p + "self_attn.v_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
+    o = c[p + "self_attn.o_proj.weight"].T.reshape(H, Dh, Dm)
+    t[f"layer_{i}"] = {
+      "pre_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
+      "pre_ffw_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
+      "attn": {
+        "q_einsum": {"w": np.ascontiguousarray(q)},
+        "kv_einsum": {"w": np.ascontiguousarray(np.stack([k, v]))},
+        "attn_vec_einsum": {"w": np.ascontiguousarray(o)},
+      },
+      "mlp": {
+        "gating_einsum": np.ascontiguousarray(
+          np.stack([c[p + "mlp.gate_proj.weight"].T, c[p + "mlp.up_proj.weight"].T])
+        ),
+        "linear": T(c[p + "mlp.down_proj.weight"]),
+      },
+    }
+  return "llama", {"transformer": t}
+
+
+def jax_llm_examples():  # jax-ml/jax-llm-examples llama3 names
+  c = ld("llama")
+  L = 2
+  H, K, Dh, Dm = 4, 2, 8, 32
+  layers = []
+  for i in range(L):
+    p = f"model.layers.{i}."
+    layers.append(
+      {
+        "q": np.ascontiguousarray(c[p + "self_attn.q_proj.weight"].T.reshape(Dm, H, Dh)),
+        "k": np.ascontiguousarray(c[p + "self_attn.k_proj.weight"].T.reshape(Dm, K, Dh)),
+        "v": np.ascontiguousarray(c[p + "self_attn.v_proj.weight"].T.reshape(Dm, K, Dh)),
+        "o": np.ascontiguousarray(c[p + "self_attn.o_proj.weight"].T.reshape(H, Dh, Dm)),
+        "attn_pre_gamma": c[p + "input_layernorm.weight"],
+        "attn_post_gamma": c[p + "post_attention_layernorm.weight"],
+        "ffw": {
+          "w_gate": T(c[p + "mlp.gate_proj.weight"]),
+          "w_up": T(c[p + "mlp.up_proj.weight"]),
+          "w_down": T(c[p + "mlp.down_proj.weight"]),
+        },
+      }
+    )
+  return "llama", {
+    "embedding": c["model.embed_tokens.weight"],
+    "layers": layers,
+    "gamma_final": c["model.norm.weight"],
+    "lm_head": T(c["lm_head.weight"]),
+  }
+
+
+def fused_llama():  # vLLM/tpu-inference style: fused qkv and gate_up in the target
+  c = ld("llama")
+  L = 2
+  layers = {}
+  for i in range(L):
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    layers[str(i)] = {
+      "attn": {
+        "qkv_proj": {
+          "kernel": np.ascontiguousarray(
+            np.concatenate(
+              [c[a + "q_proj.weight"], c[a + "k_proj.weight"], c[a + "v_proj.weight"]]
+            ).T
+          )
+        },
+        "o_proj": {"kernel": T(c[a + "o_proj.weight"])},
+      },
+      "mlp": {
+        "gate_up_proj": {
+          "kernel": np.ascontiguousarray(
+            np.concatenate([c[p + "mlp.gate_proj.weight"], c[p + "mlp.up_proj.weight"]]).T
+          )
+        },
+        "down_proj": {"kernel": T(c[p + "mlp.down_proj.weight"])},
+      },
+      "input_layernorm": {"scale": c[p + "input_layernorm.weight"]},
+      "post_attention_layernorm": {"scale": c[p + "post_attention_layernorm.weight"]},
+    }
+  return "llama", {
+    "model": {
+      "embed_tokens": {"embedding": c["model.embed_tokens.weight"]},
+      "layers": layers,
+      "norm": {"scale": c["model.norm.weight"]},
+    },
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+
+
+def nanogpt_bert():  # a BERT with one fused qkv dense, as nanoGPT-style code writes it
+  c = ld("bert")
+  L = 2
+  t = {
+    "wte": {"embedding": c["embeddings.word_embeddings.weight"]},
+    "wpe": {"embedding": c["embeddings.position_embeddings.weight"]},
+    "wtt": {"embedding": c["embeddings.token_type_embeddings.weight"]},
+    "ln_emb": {"scale": c["embeddings.LayerNorm.weight"], "bias": c["embeddings.LayerNorm.bias"]},
+    "pooler": {"kernel": T(c["pooler.dense.weight"]), "bias": c["pooler.dense.bias"]},
+  }
+  for i in range(L):
+    p = f"encoder.layer.{i}."
+    a = p + "attention.self."
+    t[f"block_{i}"] = {
+      "attn": {
+        "c_attn": {
+          "kernel": np.ascontiguousarray(
+            np.concatenate([c[a + n + ".weight"] for n in ("query", "key", "value")]).T
+          ),
+          "bias": np.concatenate([c[a + n + ".bias"] for n in ("query", "key", "value")]),
+        },
+        "c_proj": {
+          "kernel": T(c[p + "attention.output.dense.weight"]),
+          "bias": c[p + "attention.output.dense.bias"],
+        },
+      },
+      "ln_1": {
+        "scale": c[p + "attention.output.LayerNorm.weight"],
+        "bias": c[p + "attention.output.LayerNorm.bias"],
+      },
+      "mlp": {
+        "c_fc": {
+          "kernel": T(c[p + "intermediate.dense.weight"]),
+          "bias": c[p + "intermediate.dense.bias"],
+        },
+        "c_proj": {"kernel": T(c[p + "output.dense.weight"]), "bias": c[p + "output.dense.bias"]},
+      },
+      "ln_2": {"scale": c[p + "output.LayerNorm.weight"], "bias": c[p + "output.LayerNorm.bias"]},
+    }
+  return "bert", t
+
+
+def gemma_library_bert():  # the gemma library's MHA layout (qkv_einsum [3, H, D, Dh]), post-norms
+  c = ld("bert")
+  L = 2
+  H = 4
+  Dm = 32
+  Dh = 8
+  t = {
+    "embedder": {"input_embedding": c["embeddings.word_embeddings.weight"]},
+    "pos": {"embedding": c["embeddings.position_embeddings.weight"]},
+    "seg": {"embedding": c["embeddings.token_type_embeddings.weight"]},
+    "emb_norm": {"scale": c["embeddings.LayerNorm.weight"], "bias": c["embeddings.LayerNorm.bias"]},
+    "pooler": {"kernel": T(c["pooler.dense.weight"]), "bias": c["pooler.dense.bias"]},
+  }
+  for i in range(L):
+    p = f"encoder.layer.{i}."
+    a = p + "attention.self."
+    w = np.stack(
+      [
+        c[a + n + ".weight"].reshape(H, Dh, Dm).transpose(0, 2, 1)
+        for n in ("query", "key", "value")
+      ]
+    )
+    b = np.stack([c[a + n + ".bias"].reshape(H, Dh) for n in ("query", "key", "value")])
+    t[f"layer_{i}"] = {
+      "attn": {
+        "qkv_einsum": {"w": np.ascontiguousarray(w), "b": b},
+        "attn_vec_einsum": {
+          "w": np.ascontiguousarray(c[p + "attention.output.dense.weight"].T.reshape(H, Dh, Dm)),
+          "b": c[p + "attention.output.dense.bias"],
+        },
+      },
+      "post_attention_norm": {
+        "scale": c[p + "attention.output.LayerNorm.weight"],
+        "bias": c[p + "attention.output.LayerNorm.bias"],
+      },
+      "mlp": {
+        "up": {
+          "kernel": T(c[p + "intermediate.dense.weight"]),
+          "bias": c[p + "intermediate.dense.bias"],
+        },
+        "down": {"kernel": T(c[p + "output.dense.weight"]), "bias": c[p + "output.dense.bias"]},
+      },
+      "post_ffw_norm": {
+        "scale": c[p + "output.LayerNorm.weight"],
+        "bias": c[p + "output.LayerNorm.bias"],
+      },
+    }
+  return "bert", t
+
+
+LAYOUTS = {
+  f.__name__: f
+  for f in (
+    easylm,
+    gemma_library,
+    gemma_library_llama,
+    gemma_library_bert,
+    jax_llm_examples,
+    keras_hub_bert,
+    fused_llama,
+    nanogpt_bert,
+  )
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_maps_with_no_hint_and_every_leaf_is_the_projects_conversion(case):
+  name, expect = LAYOUTS[case]()
+  src = prj.open_source(str(D / name))
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), expect)
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  flat = jax.tree_util.tree_flatten_with_path(expect)[0]
+  assert len(flat) == len(jax.tree.leaves(got))
+  for (path, want), leaf in zip(flat, jax.tree.leaves(got)):
+    np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(path))
