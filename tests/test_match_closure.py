@@ -4,6 +4,7 @@ hint, never where the block does not correspond, never between two leaves alike.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from abstract import sds as _sds
@@ -107,6 +108,44 @@ def test_more_leaves_than_tensors_left_decides_nothing():
   with pytest.raises(prj.MatchError) as e:
     prj.match(target, MemorySource(ck), config=_CONFIG)
   assert "layers_0/mlp/Dense_0/kernel" in str(e.value)
+
+
+def _stacked(tree, layers=2):
+  """The block as ``nn.scan``/``nnx.vmap`` keeps it: every leaf with the layers first."""
+  return jax.tree.map(lambda x: _sds(layers, *x.shape), tree)
+
+
+def test_a_stacked_block_closes_as_its_layers_do():
+  """An ``nn.scan`` over the auto-named block: each leaf holds every layer's tensor. The
+  norms are decided in order; the MLP's leaves left take the stacks left (a stack: the
+  tensors named alike in every layer)."""
+  ck = _opt_like()
+  target = {"ScanBlock_0": _stacked(_auto_named_block())}
+  m = prj.match(target, MemorySource(ck), config=_CONFIG)
+  why = {t: reason for t, _, reason in m.rows()}
+  assert "closure: the last stack of layers 0..1" in why["ScanBlock_0/mlp/Dense_0/kernel"]
+  got = prj.restore(target, MemorySource(ck), recipes=m)["ScanBlock_0"]
+  for i in range(2):
+    at = f"model.decoder.layers.{i}."
+    np.testing.assert_array_equal(got["mlp"]["Dense_0"]["kernel"][i], ck[at + "fc1.weight"].T)
+    np.testing.assert_array_equal(got["mlp"]["Dense_1"]["kernel"][i], ck[at + "fc2.weight"].T)
+    np.testing.assert_array_equal(got["mlp"]["Dense_1"]["bias"][i], ck[at + "fc2.bias"])
+    np.testing.assert_array_equal(got["LayerNorm_1"]["bias"][i], ck[at + "final_layer_norm.bias"])
+
+
+def test_a_stack_whose_layers_differ_or_a_hint_stops_closure():
+  ck = _opt_like()
+  ck["model.decoder.layers.1.fc3.bias"] = np.ones((4,), np.float32)  # only layer 1 has it
+  target = {"ScanBlock_0": _stacked(_auto_named_block())}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG)
+  assert "closure" not in e.value.hints_code
+  ck = _opt_like()
+  hints = {"ScanBlock_0/LayerNorm_1/scale": "final_layer_norm.weight"}
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck), config=_CONFIG, hints=hints)
+  assert "ScanBlock_0/mlp/Dense_0/kernel" in str(e.value)
+  assert "closure" not in e.value.hints_code
 
 
 def _cand(key, reason="name"):

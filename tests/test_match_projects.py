@@ -7,9 +7,11 @@ leaf by leaf (the transposes, head splits and stacks): EasyLM's Llama (``wq``, `
 on BERT its ``qkv_einsum`` and ``post_attention_norm``/``post_ffw_norm`` post-norms),
 jax-llm-examples (bare ``q``/``k``/``v``/``o`` split into heads, ``attn_pre_gamma``/
 ``attn_post_gamma``), keras-hub's BERT (``query_dense`` ``[hidden, heads, head_dim]``, norms'
-``gamma``/``beta``), a fused ``qkv_proj``/``gate_up_proj`` as TPU serving code keeps it, and a
-nanoGPT-style BERT with one ``c_attn``. None names its parameters as transformers does; each
-must map with no hint and every restored leaf equal the hand conversion.
+``gamma``/``beta``), a fused ``qkv_proj``/``gate_up_proj`` as TPU serving code keeps it, a
+nanoGPT-style BERT with one ``c_attn``, and GPT-2 under ``nn.scan`` with the block's modules
+auto-named (``ScanBlock_0/Dense_2``: closure over the stack decides what order cannot). None
+names its parameters as transformers does; each must map with no hint and every restored
+leaf equal the hand conversion.
 """
 
 from __future__ import annotations
@@ -347,6 +349,32 @@ def gemma_library_bert():  # the gemma library's MHA layout (qkv_einsum [3, H, D
   return "bert", t
 
 
+def gpt2_scanned_compact():  # linen nn.scan over an @nn.compact block: auto names, layers first
+  c = ld("gpt2")
+
+  def st(name):
+    return np.ascontiguousarray(np.stack([c[f"transformer.h.{i}.{name}"] for i in range(2)]))
+
+  def mod(kind, name):
+    w = "scale" if kind == "norm" else "kernel"
+    return {w: st(name + ".weight"), "bias": st(name + ".bias")}
+
+  block = {
+    "LayerNorm_0": mod("norm", "ln_1"),
+    "LayerNorm_1": mod("norm", "ln_2"),
+    "Dense_0": mod("dense", "attn.c_attn"),  # GPT-2's Conv1D is [in, out] already
+    "Dense_1": mod("dense", "attn.c_proj"),
+    "Dense_2": mod("dense", "mlp.c_fc"),
+    "Dense_3": mod("dense", "mlp.c_proj"),
+  }
+  return "gpt2", {
+    "wte": {"embedding": c["transformer.wte.weight"]},
+    "wpe": {"embedding": c["transformer.wpe.weight"]},
+    "ScanBlock_0": block,
+    "ln_f": {"scale": c["transformer.ln_f.weight"], "bias": c["transformer.ln_f.bias"]},
+  }
+
+
 LAYOUTS = {
   f.__name__: f
   for f in (
@@ -358,6 +386,7 @@ LAYOUTS = {
     keras_hub_bert,
     fused_llama,
     nanogpt_bert,
+    gpt2_scanned_compact,
   )
 }
 

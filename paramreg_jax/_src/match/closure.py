@@ -78,6 +78,85 @@ def settle(
     free = [k for k in ck.by_layer.get(block, ()) if k not in used]
     out.update(_close(left, free, open_, f"the last tensor of layer {block} that fits it"))
   out.update(_outside_layers(open_, decided, blocks, ck, frozenset(hinted_leaves), used))
+  out.update(_stacked(open_, decided, blocks, ck, frozenset(hinted_leaves), used))
+  return out
+
+
+def _stacked(
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  blocks: Mapping[str, Block],
+  ck: Checkpoint,
+  hinted: frozenset[str],
+  used: set[str],
+) -> dict[str, tuple[Candidate, str]]:
+  """Closure inside a stacked block (``nn.scan``, ``nnx.vmap``: one leaf holds a tensor of
+  every layer): a target container whose decided leaves each stack the same layers is those
+  layers; when in each of them the tensors left are as many as its open leaves, the leaves
+  left take the stacks left (a stack: the tensors named alike in every layer) as in a layer.
+  Never in a container where a hint decided a leaf."""
+  out: dict[str, tuple[Candidate, str]] = {}
+  tried: set[str] = set()
+  for name in [n for n in open_ if not blocks.get(n)]:
+    parts = name.split("/")
+    for depth in range(len(parts) - 2, 0, -1):
+      container = "/".join(parts[:depth])
+      members = [n for n in blocks if n.startswith(container + "/") and not blocks[n]]
+      done = [n for n in members if n in decided]
+      if not done:
+        continue
+      if container not in tried and not hinted & {*members}:
+        tried.add(container)
+        out.update(_close_stack(members, open_, decided, ck, used))
+      break
+  return out
+
+
+def _close_stack(
+  members: list[str],
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  ck: Checkpoint,
+  used: set[str],
+) -> dict[str, tuple[Candidate, str]]:
+  layers = {tuple(_layers(decided[n], ck)) for n in members if n in decided}
+  if len(layers) != 1:
+    return {}
+  (stack,) = layers
+  if len(stack) < 2 or len(set(stack)) != len(stack):
+    return {}
+  left = [n for n in members if n not in decided]
+  stacks: dict[str, list[str]] = {}
+  for layer in stack:
+    free = [k for k in ck.by_layer.get(layer, ()) if k not in used]
+    if len(free) != len(left):
+      return {}
+    for k in free:
+      stacks.setdefault(coherence.template(k), []).append(k)
+  if any(len(keys) != len(stack) for keys in stacks.values()):
+    return {}  # a tensor some layer lacks: the layers are not alike
+  ids = {tuple(keys): "{i}".join(t.split("#", 1)) for t, keys in stacks.items()}
+  if len(left) != len(ids) or any(n not in open_ for n in left):
+    return {}
+  edges = {n: _stack_edges(open_[n], ids) for n in left}
+  why = f"the last stack of layers {stack[0][0]}..{stack[-1][0]} that fits it"
+  return {n: (c, why) for n, c in _forced(edges).items()}
+
+
+def _layers(keys: tuple[str, ...], ck: Checkpoint) -> list[Block]:
+  """The layer of each of a stacked leaf's tensors, in its order (none: not a stack)."""
+  return [ck.concepts[k].indices for k in keys if k in ck.concepts and ck.concepts[k].indices]
+
+
+def _stack_edges(
+  cands: list[Candidate], ids: Mapping[tuple[str, ...], str]
+) -> dict[str, list[Candidate]]:
+  """``{stack: [the leaf's ways to be it]}``: whole tensors stacked, one per layer."""
+  out: dict[str, list[Candidate]] = {}
+  for c in cands:
+    if c.fused is None and c.claims is None and c.keys in ids:
+      if all(c.reason != d.reason for d in out.get(ids[c.keys], [])):
+        out.setdefault(ids[c.keys], []).append(c)
   return out
 
 
