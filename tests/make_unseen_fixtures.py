@@ -1,7 +1,8 @@
 """Generates the tiny Hugging Face checkpoints under ``tests/data/unseen/`` (run once, committed).
 
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
-CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode and ResNet, each randomly
+CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet, DeepSeek-V3 (latent
+attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2 and Phi, each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``,
 ``config.json``). ``tests/test_match_unseen.py`` writes targets for them in the styles JAX code
 is written in (flax auto-names, big_vision, timm sequentials, haiku, equinox, stacked layers)
@@ -88,6 +89,83 @@ CASES = {
   "gpt_bigcode": lambda: tf.GPTBigCodeForCausalLM(
     tf.GPTBigCodeConfig(
       vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=16, multi_query=True
+    )
+  ),
+  # mixture-of-experts and attention designs of their own (see test_match_unseen.py)
+  "deepseek_v3": lambda: tf.DeepseekV3ForCausalLM(
+    tf.DeepseekV3Config(
+      vocab_size=99,
+      hidden_size=32,
+      intermediate_size=48,
+      moe_intermediate_size=16,
+      num_hidden_layers=3,
+      first_k_dense_replace=1,  # layer 0 a dense MLP, layers 1 and 2 experts
+      num_attention_heads=4,
+      num_key_value_heads=4,
+      q_lora_rank=24,
+      kv_lora_rank=20,
+      qk_rope_head_dim=4,
+      qk_nope_head_dim=8,
+      v_head_dim=8,
+      n_routed_experts=4,
+      n_shared_experts=1,
+      num_experts_per_tok=2,
+      n_group=1,
+      topk_group=1,
+      tie_word_embeddings=False,
+    )
+  ),
+  "qwen2_moe": lambda: tf.Qwen2MoeForCausalLM(
+    tf.Qwen2MoeConfig(
+      vocab_size=99,
+      hidden_size=32,
+      intermediate_size=48,
+      moe_intermediate_size=16,
+      shared_expert_intermediate_size=40,
+      num_experts=4,
+      num_experts_per_tok=2,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      tie_word_embeddings=False,
+    )
+  ),
+  "modernbert": lambda: tf.ModernBertForMaskedLM(
+    tf.ModernBertConfig(
+      vocab_size=99,
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=3,
+      num_attention_heads=4,
+      max_position_embeddings=64,
+      global_attn_every_n_layers=2,
+      local_attention=8,
+      pad_token_id=0,
+      bos_token_id=1,
+      eos_token_id=2,
+      cls_token_id=1,
+      sep_token_id=2,
+    )
+  ),
+  "gemma2": lambda: tf.Gemma2ForCausalLM(
+    tf.Gemma2Config(
+      vocab_size=99,
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=8,
+    )
+  ),
+  "phi": lambda: tf.PhiForCausalLM(
+    tf.PhiConfig(
+      vocab_size=99,
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      partial_rotary_factor=0.5,
     )
   ),
 }

@@ -54,7 +54,8 @@ def checkpoint_module(key: str) -> str:
   """``model.layers.0.self_attn.o_proj`` for ``model.layers.0.self_attn.o_proj.weight``; a
   weight stored under its module's own name has its bias as a ``_bias`` sibling (gpt-oss's
   and transformers 5's fused experts: ``experts.gate_up_proj`` and
-  ``experts.gate_up_proj_bias``), one module."""
+  ``experts.gate_up_proj_bias``), one module. A ``_bias`` named for no module the vocabulary
+  knows is its parent's (DeepSeek-V3's router ``mlp.gate.e_score_correction_bias``)."""
   if ".parametrizations." in key:  # torch's weight norm: conv.parametrizations.weight.original1
     return key.split(".parametrizations.")[0]
   if key.endswith((".weight_g", ".weight_v")):  # the same, as older torch saves it
@@ -62,7 +63,10 @@ def checkpoint_module(key: str) -> str:
   parts = _SPLIT.split(key)
   if len(parts) > 1 and parts[-1].lower() in KIND_WORDS:
     return key[: -len(parts[-1]) - 1]
-  return _SIBLING_KIND.sub("", key)
+  stripped = _SIBLING_KIND.sub("", key)
+  if stripped != key and len(parts) > 1 and not vocabulary.known(_SPLIT.split(stripped)[-1]):
+    return key[: -len(parts[-1]) - 1]
+  return stripped
 
 
 _SIBLING_KIND = re.compile(r"_(bias|weight)$", re.IGNORECASE)

@@ -30,6 +30,7 @@ _QKV_LAYOUTS = {
   "gpt_bigcode": "contiguous",
   "phi3": "contiguous",
   "mpt": "contiguous",
+  "modernbert": "contiguous",  # Wqkv viewed as [3, heads, head_dim]
   "gpt_neox": "per_head",
   "gpt_neox_japanese": "per_head",
   "bloom": "per_head",
@@ -40,7 +41,7 @@ _QKV_LAYOUTS = {
 # post-norm; their MLP has its own pre- or post-norm), unlike Llama's, where it is the MLP's
 # input norm.
 _POST_NORM_TYPES = {"olmo2", "olmo3", "gemma2", "gemma3", "gemma3_text"}
-_GATE_UP_LAYOUTS = {"phi3": "contiguous"}  # [gate | up]
+_GATE_UP_LAYOUTS = {"phi3": "contiguous", "modernbert": "contiguous"}  # [gate | up]
 # Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
 # torch.nn.Linear ([out, in]).
 _CONV1D_TYPES = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"}
@@ -324,6 +325,26 @@ def norm_roles(src: dict[str, Concepts], facts: Facts) -> None:
       src[k] = dataclasses.replace(c, tokens=frozenset(tokens))
     elif moe and _ROUTER.search(k):
       src[k] = dataclasses.replace(c, tokens=(c.tokens - {"gate"}) | {"moe", "router"})
+
+
+def fused_inputs(src: dict[str, Concepts], shapes: Mapping[str, Any]) -> None:
+  """Reads a gated MLP's one input projection as the fused gate and up it is, by its shape:
+  an ``up`` (ModernBERT's ``mlp.Wi``, T5's ``wi``) with no ``gate`` beside it, twice as wide
+  as the ``down`` beside it takes (``[2F, D]`` beside ``[D, F]``, or ``[D, 2F]`` beside
+  ``[F, D]``). A plain MLP's ``up`` is as wide as its ``down`` takes and stays an ``up``.
+  Which half is the gate is the layout's (the config's, else asked)."""
+  parents: dict[str, list[str]] = {}
+  for k, c in src.items():
+    if k in shapes and len(shapes[k]) == 2 and c.kind == "w":
+      parents.setdefault(k.rsplit(".", 2)[0], []).append(k)
+  for keys in parents.values():
+    roles = {r: [k for k in keys if r in src[k].tokens] for r in ("gate", "gate_up", "up", "down")}
+    if roles["gate"] or roles["gate_up"] or len(roles["up"]) != 1 or len(roles["down"]) != 1:
+      continue
+    (up,), (down,) = roles["up"], roles["down"]
+    (a, b), (c, d) = shapes[up], shapes[down]
+    if (a == 2 * d and b == c) or (b == 2 * c and a == d):
+      src[up] = dataclasses.replace(src[up], tokens=(src[up].tokens - {"up"}) | {"gate_up"})
 
 
 _ROUTER = re.compile(r"(^|\.)mlp\.gate\.weight$")

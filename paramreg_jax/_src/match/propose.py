@@ -317,6 +317,7 @@ def _read_checkpoint(
   folded, numbered = numbering.across_stages(folded, shapes, targets)
   facts = evidence.facts_from_config(config)
   evidence.norm_roles(folded, facts)
+  evidence.fused_inputs(folded, shapes)
   ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
   ck.stacks = axes.stacks(slots, ck)
   stacked = {s.name for s in slots if any(s.name.startswith(f"{p}/") for p in ck.stacks)}

@@ -73,6 +73,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("o",) for w in ("o", "o_proj", "out_proj", "out", "wo", "out_lin", "output_proj")},
   **{f"b{p}": (c, "b") for p, c in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"))},
   **{w: ("qkv",) for w in ("qkv", "qkv_proj", "c_attn", "query_key_value", "wqkv")},
+  "wkv": ("kv",),  # MaxText's latent attention: wkv_a, wkv_b (DeepSeek's kv_a_proj, kv_b_proj)
   # Gemma (google-deepmind/gemma): each projection an einsum named for its operands
   "einsum": (),
   "attn_vec_einsum": ("o",),
@@ -233,6 +234,12 @@ _SEQUENTIALS = frozenset({"stem", "head", "classifier", "downsample", "neck", "p
 
 
 _ROLES = frozenset({"mlp", "attn", "xattn"})
+# the words that name a part of a layer, longest first (a block class ends in one: MoeBlock)
+_ROLE_WORDS = sorted(
+  (w for w, t in _WORDS.items() if _ROLES & {*t} and not {"norm", "layerscale"} & {*t}),
+  key=len,
+  reverse=True,
+)
 
 
 def in_role(word: str) -> bool:
@@ -291,11 +298,17 @@ def _container(word: str) -> tuple[str, ...] | None:
   if not m or word.rsplit("_", 1)[0] in _WORDS:
     return None
   pre = m.group(1)
-  if _WORDS.get(pre):  # mlpblock, attentionblock: a part of a layer, named as a module
+  if _WORDS.get(pre) or _part_of_layer(pre):  # MlpBlock_0, DeepSeekMoeBlock_0: a layer's part
     return None
   if "_" in word[len(pre) : len(pre) + 1] or pre in ("encoder", "decoder"):
     return (pre, "layers")  # conv_layers_0: its words; DecoderLayer_0: the class's role
   return ("layers",)  # ResNetBlock_0, encoderblock_3: the class name says nothing more
+
+
+def _part_of_layer(pre: str) -> bool:
+  """Whether a block class's name ends in a word for a part of a layer (``deepseekmoe``,
+  ``gatedmlp``, ``selfattention``): a module of the layer, not a layer."""
+  return any(pre.endswith(w) and in_role(w) for w in _ROLE_WORDS)
 
 
 def is_container(word: str) -> bool:
