@@ -258,9 +258,30 @@ MUTATIONS = (
   Mutation(
     "refusal: rivals across a number asked as one {i} question",
     "paramreg_jax/_src/match/refusal.py",
-    '        if all("{i}" in c for cs in codes for c in cs) and (\n',
-    "        if True and (\n",
+    '          all("{i}" in c for cs in codes for c in cs)\n',
+    "          True\n",
     ("tests/test_match_refusals.py", "-k", "rivals"),
+  ),
+  Mutation(
+    "fused: a layout hint ignored",
+    "paramreg_jax/_src/match/fused.py",
+    "  if keys[0] in ck.layouts:  # the user's word\n",
+    "  if False:\n",
+    ("tests/test_match_hints.py", "-k", "layout_hint_answers"),
+  ),
+  Mutation(
+    "order: pre and post siblings not ordered by their word",
+    "paramreg_jax/_src/match/order.py",
+    "    for found in (_sibling(name), _before_after(name)):\n",
+    "    for found in (_sibling(name),):\n",
+    ("tests/test_match_refusals.py", "-k", "pre_and_a_post"),
+  ),
+  Mutation(
+    "closure: a stacked block never closes",
+    "paramreg_jax/_src/match/closure.py",
+    "  out.update(_stacked(open_, decided, blocks, ck, frozenset(hinted_leaves), used))\n",
+    "",
+    ("tests/test_match_closure.py", "-k", "stacked_block_closes"),
   ),
   Mutation(
     "axes: every leaf oriented by the config, as if [in, out]",

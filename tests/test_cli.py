@@ -83,6 +83,10 @@ TARGETS = textwrap.dedent(
   def odd():
     return {"ln": {"scale": jax.ShapeDtypeStruct((3,), np.float32)}}
 
+  def fused():
+    sds = lambda *s: jax.ShapeDtypeStruct(s, np.float32)
+    return {"attn": {n: {"kernel": sds(4, 4)} for n in "qkv"}, "up": {"kernel": sds(4, 8)}}
+
   def exits():
     import sys
     sys.exit(3)
@@ -207,6 +211,20 @@ def test_match_takes_hints_and_a_config(tmp_path):
   assert data["rows"][0]["checkpoint"] == "transpose(source('fc.weight'), (1, 0))"
   r = run_cli("match", sq, "--target", "cli_targets:square", "--config", "nope.json", cwd=tmp_path)
   assert r.returncode == 1 and "--config nope.json: cannot read the model config" in r.stderr
+  # a fused tensor's layout, said once as a hint keyed by the tensor
+  qkv = np.arange(48, dtype=np.float32).reshape(12, 4)
+  up = np.ones((8, 4), np.float32)  # [out, in]: its shape says so
+  save_file({"attn.qkv.weight": qkv, "up.weight": up}, str(tmp_path / "qkv.safetensors"))
+  fused = str(tmp_path / "qkv.safetensors")
+  r = run_cli("match", fused, "--target", "cli_targets:fused", cwd=tmp_path)
+  assert r.returncode == 1 and '# "attn.qkv": "contiguous",' in r.stderr
+  assert "a name or a layout as --hint KEY=VALUE" in r.stderr
+  r = run_cli(
+    "match", fused, "--target", "cli_targets:fused", "--hint", "attn.qkv=contiguous", cwd=tmp_path
+  )
+  assert r.returncode == 0, r.stderr
+  assert "<- transpose(source('attn.qkv.weight', Range(axis=0, 4:8)), (1, 0))" in r.stdout
+  assert "as the layout hint says" in r.stdout
 
 
 def test_errors_are_one_line_unless_debug(tmp_path):

@@ -23,6 +23,7 @@ from abstract import sds
 from flax import nnx
 from safetensors import safe_open
 from test_match_refusals import literal_entries
+from test_match_refusals import uncommented
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
@@ -96,14 +97,15 @@ def test_a_fused_qkv_of_unknown_layout_is_refused_kernels_and_biases(name, tmp_p
   assert "layers_{i}/attention/query/kernel, layers_{i}/attention/key/kernel" in text
   if arch.qkv_bias:
     assert "layers_{i}/attention/query/bias, layers_{i}/attention/key/bias" in text
-  # each part is offered in every layout that tiles the tensor, none chosen
+  # asked once, as the fused tensor's layout (its kernels' and biases'): every layout that
+  # tiles it on a line, none chosen
   layouts = prj._src.match.evidence.LAYOUTS
   fits = ["contiguous", "grouped"] if name == "falcon_grouped" else list(layouts)
-  entries = literal_entries(info.value)
-  for part in ("query", "key", "value"):  # every layout whose parts tile the tensor, once
-    lines = entries[f"layers_{{i}}/attention/{part}/kernel"]
-    said = [line.partition("# if laid out ")[2].split(", or ") for line in lines]
-    assert sorted(s for layout in said for s in layout) == sorted(layouts[k] for k in fits)
+  ((key, lines),) = literal_entries(info.value).items()
+  assert "{i}" in key and not key.endswith((".weight", ".bias"))
+  said = [line.partition("# if laid out ")[2].split(", or ") for line in lines]
+  assert sorted(s for layout in said for s in layout) == sorted(layouts[k] for k in fits)
+  assert {v for line in lines for v in uncommented(line).values()} <= set(layouts)
   assert src.stats.reads == 0
 
 

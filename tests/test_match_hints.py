@@ -481,3 +481,108 @@ def test_hints_work_under_list_indices_and_derive_the_layout():
   got = prj.restore(target, src, recipes=m)
   for i in range(2):
     np.testing.assert_array_equal(got["blocks"][i]["w0"]["kernel"], ck[f"enc.{i}.proj.weight"].T)
+
+
+# --- a fused tensor's layout, said once (match/hints.py: layouts) --------------------------------
+
+
+QKV = ("query", "key", "value")
+
+
+def _fused_qkv(layers=2):
+  """A GPT-NeoX-like layer without a config: q, k, v as rows of one ``query_key_value`` per
+  layer, 2 heads of 8, laid out per head (``[heads, 3, head_dim]``), every value distinct,
+  beside an MLP input (its shape says the checkpoint keeps ``[out, in]``); the target's q, k,
+  v and MLP input as flax kernels and biases."""
+  ck, target = {}, {}
+  for i in range(layers):
+    at = f"gpt_neox.layers.{i}.attention."
+    ck[at + "query_key_value.weight"] = rand(48, 16)
+    ck[at + "query_key_value.bias"] = rand(48)
+    ck[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.weight"] = rand(64, 16)
+    target[f"layers_{i}"] = {n: {"kernel": sds(16, 16), "bias": sds(16)} for n in QKV}
+    target[f"layers_{i}"]["mlp"] = {"up": {"kernel": sds(16, 64)}}
+  return ck, target
+
+
+def _per_head(w, part):  # the rows of q (0), k (1) or v (2) in [heads, 3, head_dim] order
+  return np.concatenate([w[h * 24 + part * 8 : h * 24 + part * 8 + 8] for h in range(2)])
+
+
+def test_one_layout_hint_answers_every_layers_kernels_and_biases():
+  ck, target = _fused_qkv()
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  key = "gpt_neox.layers.{i}.attention.query_key_value"
+  assert list(info.value.problems[0].choices) == [key]
+  assert f'# "{key}": "per_head:8",' in info.value.hints_code
+  m = prj.match(target, MemorySource(ck), hints={key: "per_head:8"})
+  assert "as the layout hint says" in dict((t, w) for t, _, w in m.rows())["layers_1/key/bias"]
+  effects = {t: (before, after) for t, before, after in m.hint_effects}
+  assert effects["layers_1/key/bias"][0] == "refused"  # what the hint changed is reported
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  for i in range(2):
+    w = ck[f"gpt_neox.layers.{i}.attention.query_key_value.weight"]
+    b = ck[f"gpt_neox.layers.{i}.attention.query_key_value.bias"]
+    for part, n in enumerate(QKV):
+      np.testing.assert_array_equal(got[f"layers_{i}"][n]["kernel"], _per_head(w, part).T)
+      np.testing.assert_array_equal(got[f"layers_{i}"][n]["bias"], _per_head(b, part))
+  # the same hint without the head size: contiguous thirds are another layout, not this one
+  thirds = prj.match(target, MemorySource(ck), hints={key: "contiguous"})
+  got = prj.restore(target, MemorySource(ck), recipes=thirds)
+  w = ck["gpt_neox.layers.0.attention.query_key_value.weight"]
+  np.testing.assert_array_equal(got["layers_0"]["key"]["kernel"], w[16:32].T)
+
+
+@pytest.mark.parametrize(
+  "hints, message",
+  [
+    (
+      {"layers_0/query/kernel": "per_head"},
+      "hint for 'layers_0/query/kernel': 'per_head' is the layout of a fused checkpoint tensor, "
+      "not a parameter's hint: key it by that tensor or its module, e.g. "
+      "hints={'gpt_neox.layers.{i}.attention.query_key_value': 'per_head'}",
+    ),
+    (
+      {"gpt_neox.layers.{i}.attention.qkv": "contiguous"},
+      "layout hint 'gpt_neox.layers.{i}.attention.qkv': no checkpoint tensor or module is "
+      "'gpt_neox.layers.{i}.attention.qkv'",
+    ),
+    (
+      {"gpt_neox.layers.{i}.mlp.dense_h_to_4h": "contiguous"},
+      "layout hint 'gpt_neox.layers.{i}.mlp.dense_h_to_4h': "
+      "'gpt_neox.layers.0.mlp.dense_h_to_4h.weight' is no fused qkv or gate_up tensor",
+    ),
+  ],
+)
+def test_a_wrong_layout_hint_says_which_and_the_fix(hints, message):
+  ck, target = _fused_qkv()
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck), hints=hints)
+  assert message in str(info.value)
+  assert info.value.partial is None  # refused before anything was decided
+
+
+def test_a_gate_up_layout_is_contiguous_or_refused():
+  ck = {"h.0.mlp.gate_up_proj.weight": rand(12, 4), "h.0.mlp.down_proj.weight": rand(4, 6)}
+  target = {
+    "h_0": {
+      "mlp": {
+        n: {"kernel": sds(*s)} for n, s in (("gate", (4, 6)), ("up", (4, 6)), ("down", (6, 4)))
+      }
+    }
+  }
+  with pytest.raises(prj.MatchError, match="a fused gate_up is laid out"):
+    prj.match(target, MemorySource(ck), hints={"h.0.mlp.gate_up_proj": "per_head"})
+  m = prj.match(target, MemorySource(ck), hints={"h.{i}.mlp.gate_up_proj": "contiguous"})
+  got = prj.restore(target, MemorySource(ck), recipes=m)["h_0"]["mlp"]
+  np.testing.assert_array_equal(got["up"]["kernel"], ck["h.0.mlp.gate_up_proj.weight"][6:].T)
+
+
+def test_a_layout_that_does_not_tile_the_parts_is_asked_again():
+  ck, target = _fused_qkv(1)
+  key = "gpt_neox.layers.0.attention.query_key_value"
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck), hints={key: "per_head:3"})  # 16 is no multiple of 3
+  assert "not known for this checkpoint" in str(info.value)
+  assert '"per_head:8"' in info.value.hints_code

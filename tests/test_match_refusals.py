@@ -21,6 +21,7 @@ import paramreg_jax as prj
 from paramreg_jax import MemorySource
 from paramreg_jax import SafetensorsSource
 from paramreg_jax import recipes as R
+from paramreg_jax._src.match.hints import is_layout
 from paramreg_jax._src.match.hints import named_keys
 
 CASES = sorted(hf.ARCHS)
@@ -67,6 +68,20 @@ def _true(line, layer, proposal, keys):
   return value == proposal.recipe
 
 
+def _true_layout(line, key, target, src, hints, truth, rename):
+  """Whether a layout line (``"model.layers.{i}.attn.qkv": "per_head"``) is the truth: with
+  it, every leaf cut from that fused tensor is given the true proposal's recipe."""
+  rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"\d+") + r"(\.\w+)?$")
+  try:
+    got = prj.match(target, src, hints={**hints, **uncommented(line)})
+  except prj.MatchError as e:
+    got = e.partial
+  if got is None:
+    return False
+  cut = [p for p in got.proposals if any(rx.match(k) for k in p.keys)]
+  return bool(cut) and all(p.recipe == truth[rename(p.target)].recipe for p in cut)
+
+
 def choose(target, src, truth, rename=lambda n: n, rounds=6):
   """Uncomments, per entry of each refusal, the one line the truth says; returns the match,
   the number of choices made and the number of refusals seen."""
@@ -87,6 +102,12 @@ def choose(target, src, truth, rename=lambda n: n, rounds=6):
         m = _ENTRY.match(line)
         assert len(line) <= 88 or (m and not m.group(3)), f"{len(line)} columns: {line}"
       for key, lines in literal_entries(e).items():
+        if all(is_layout(next(iter(uncommented(x).values()))) for x in lines):
+          right = [x for x in lines if _true_layout(x, key, target, src, hints, truth, rename)]
+          assert len(right) == 1, f"{key}: {len(right)} true lines:\n" + "\n".join(lines)
+          hints.update(uncommented(right[0]))
+          choices += 1
+          continue
         members = expand_template(key, names)
         assert members, f"{key!r} fits no target name"
         right = [
@@ -355,9 +376,10 @@ def test_a_sandwich_of_four_norms_in_the_targets_own_words(names):
     np.testing.assert_array_equal(got["layers_0"][n]["scale"], np.full(4, j, np.float32))
 
 
-def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
-  """Without a config the fused qkv's layout is unknown: each part is offered as a recipe in
-  every layout that tiles it, cast to the leaf's dtype, and the chosen line restores."""
+def test_a_layout_choice_restores_bfloat16_parts_cast():
+  """Without a config the fused qkv's layout is unknown: it is asked once, as a layout hint
+  keyed by the fused tensor (every layout that tiles it on a line), and the chosen line
+  restores each part cast to the leaf's dtype."""
   qkv = np.arange(18 * 4, dtype=np.float32).reshape(18, 4)
   # the up projection's shape says the checkpoint keeps [out, in]
   src = MemorySource(
@@ -367,16 +389,13 @@ def test_a_recipe_choice_for_a_bfloat16_leaf_carries_its_cast():
   target = {"attn": target, "mlp": {"up": {"kernel": _sds((4, 8), jnp.bfloat16)}}}
   with pytest.raises(prj.MatchError) as info:
     prj.match(target, src)
-  lines = literal_entries(info.value)["attn/q/kernel"]
-  assert all("R.cast(" in line and "bfloat16" in line for line in lines)
-  hints = {}
-  for n in "qkv":  # the user knows it is [q | k | v]
-    (line,) = (
-      x for x in literal_entries(info.value)[f"attn/{n}/kernel"] if "one after the other" in x
-    )
-    hints |= uncommented(line)
-  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  entries = literal_entries(info.value)
+  assert list(entries) == ["attn.qkv_proj"]  # one question for the three parts
+  (line,) = (x for x in entries["attn.qkv_proj"] if "one after the other" in x)
+  assert uncommented(line) == {"attn.qkv_proj": "contiguous"}
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=uncommented(line)))
   for j, n in enumerate("qkv"):
+    assert got["attn"][n]["kernel"].dtype == jnp.bfloat16
     np.testing.assert_array_equal(
       np.asarray(got["attn"][n]["kernel"], np.float32), qkv[6 * j : 6 * j + 6].T
     )

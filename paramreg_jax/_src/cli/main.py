@@ -171,7 +171,8 @@ def _add_match_options(p: argparse.ArgumentParser) -> None:
     action="append",
     metavar="TARGET=CHECKPOINT",
     help="settle a parameter by a checkpoint name or part of one, in every layer "
-    "(e.g. layers/attn_norm/scale=input_layernorm); repeatable",
+    "(e.g. layers/attn_norm/scale=input_layernorm), or a fused tensor's layout "
+    "(e.g. blocks.{i}.attn.qkv=contiguous); repeatable",
   )
   p.add_argument(
     "--config",

@@ -12,12 +12,20 @@ def problems(args: argparse.Namespace, headline: str, error: Any) -> int:
   """Every problem of ``error`` (its ``.problems``): listed on stderr, or as JSON on stdout
   (with the one-line error on stderr); exit status 1."""
   message = f"{headline} ({len(error.problems)} problem(s))"
+  literal = getattr(error, "hints_code", None)  # a refusal's choices, one line each
   if args.json:
-    fail(args, message, type(error).__name__, problems=list(error.problems))
+    extra = {"hints_code": literal} if literal else {}
+    fail(args, message, type(error).__name__, problems=list(error.problems), **extra)
   else:
     print(f"paramreg-jax: error: {type(error).__name__}: {message}:", file=sys.stderr)
     for p in error.problems:
       print(f"  - {p}", file=sys.stderr)
+    if literal and literal != "hints = {\n}":
+      print(
+        "Choose one line per entry: a name or a layout as --hint KEY=VALUE, a recipe in the "
+        "--target function's 'recipes':\n" + literal,
+        file=sys.stderr,
+      )
   return 1
 
 

@@ -228,6 +228,8 @@ class Checkpoint:
   # (target layer, checkpoint (stage, block)) where the target numbers its blocks across the
   # checkpoint's stages (``numbering``); empty where the numbers align as they are
   numbered: tuple[tuple[str, str], ...] = ()
+  # ``{fused key: (layout, head size or None)}``: what the user's layout hints say
+  layouts: dict[str, tuple[str, int | None]] = dataclasses.field(default_factory=dict)
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""

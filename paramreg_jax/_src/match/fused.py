@@ -5,11 +5,14 @@ known layout whose parts tile the tensor, and nothing is split by guess."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src.match import axes
+from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
 from paramreg_jax._src.match.candidates import FUSED_PARTS
@@ -85,11 +88,16 @@ def split(
   axis, widths, out_first = found
   present = tuple(p for n in names for p in parts if p in tokens[n])
   f = _Fused(keys, axis, stored, stacked, tuple(names), present, widths, per_layer, out_first, at)
+  facts, by = ck.facts, ""
   layout = evidence.layout_by_name(keys[0]) or (
     ck.facts.qkv_layout if fused == "qkv" else ck.facts.gate_up_layout
   )
+  if keys[0] in ck.layouts:  # the user's word
+    layout, size = ck.layouts[keys[0]]
+    size = size if layout in _BY_HEADS else 1  # four blocks are four blocks, whatever the heads
+    facts, by = _with_heads(f, facts, size), ", as the layout hint says"
   rows = (
-    evidence.part_rows(layout, present, list(widths), ck.facts)
+    evidence.part_rows(layout, present, list(widths), facts)
     if layout and (layout == "contiguous" or present == parts)
     else None
   )
@@ -98,10 +106,23 @@ def split(
     return _undecided(f, ck.facts, roles, str(layout) if isinstance(rows, dict) else rows)
   for name, part in zip(names, present):
     p = f.part(name, part, rows[part], str(layout))
+    p = dataclasses.replace(p, reason=p.reason + by)
     if name in roles:  # nothing in its name said which part: its place among its siblings did
       p = dataclasses.replace(p, reason=f"{p.reason}, in order: the {roles[name]} of its siblings")
     proposals[name] = p
   return None
+
+
+def _with_heads(f: _Fused, facts: evidence.Facts, size: int | None) -> evidence.Facts:
+  """The head counts a per-head layout needs: the config's, the head size a layout hint gives
+  (``per_head:64``), or the target's own split heads (q, k, v ``[.., heads, head_dim]``)."""
+  outs = [f.outs(n) for n in f.names]
+  if size and f.present == ("q", "k", "v") and not any(w % size for w in f.widths):
+    w = f.widths
+    return dataclasses.replace(facts, heads=w[0] // size, kv_heads=w[1] // size, head_dim=size)
+  if not facts.heads and f.present == ("q", "k", "v") and all(len(o) == 2 for o in outs):
+    return dataclasses.replace(facts, heads=outs[0][0], kv_heads=outs[1][0], head_dim=outs[0][1])
+  return facts
 
 
 def _outs(shape: tuple[int, ...], rank: int, out_first: bool) -> tuple[int, ...]:
@@ -167,6 +188,8 @@ def _undecided(
   """The problem when the layout is unknown (``known`` is None or why), or is ``known`` but
   gate and up are told apart by nothing: each part in each layout it may be, to choose."""
   layouts = tuple(evidence.LAYOUTS) if known not in evidence.LAYOUTS else (str(known),)
+  if f.present == ("gate", "up"):
+    layouts = ("contiguous",)
   choices = _layout_choices(f, facts, roles, layouts)
   stored, key = f.stored, f.keys[0]
   if known in evidence.LAYOUTS:  # gate and up by their order only: either way round
@@ -181,15 +204,62 @@ def _undecided(
   said = f"config.json model_type {facts.model_type!r}" if facts.model_type else "no config.json"
   why = f"; {known}" if known else ""
   parts = FUSED_PARTS["qkv" if "q" in f.present else "gate_up"]
+  module = coherence.checkpoint_module(key)
+  if f.stacked:
+    module = re.sub(r"(?<=[._/])\d+(?=[._/]|$)", "{i}", module, count=1)
+  # one layout hint answers every part, unless only their order says which part each is
+  by_order = any(roles.get(n, "").endswith("?") for n in f.names)
+  asked = () if by_order else _layout_hints(f, facts, layouts)
   return Problem(
     f"{', '.join(f.names)}: parts of fused {key!r} {stored}, but how its {'/'.join(parts)} "
     f"are laid out along axis {f.axis} is not known for this checkpoint ({said}{why}): "
     "nothing is split by guess. Restore from a source that has the model's config.json "
     "(SafetensorsSource reads it beside the weights; match(..., config=...) for others), or "
-    "choose each part in the layout the model uses (hints below)",
+    + (
+      f"say the layout the model uses: one hint for the fused {module!r} (hints below)"
+      if asked
+      else "choose each part in the layout the model uses (hints below)"
+    ),
     f.names,
-    choices,
+    {module: asked} if asked else choices,
   )
+
+
+def _layout_hints(f: _Fused, facts: evidence.Facts, layouts: tuple[str, ...]) -> tuple[Choice, ...]:
+  """Each layout the parts tile, as the value of a layout hint (``"contiguous"``; a per-head
+  layout whose head count nothing gives, once per head size that divides the parts:
+  ``"per_head:64"``); layouts that split alike are one line."""
+  out: list[Choice] = []
+  rows_of: list[Any] = []
+  for layout in layouts:
+    sizes: list[int | None] = [None]
+    if layout in _BY_HEADS and _with_heads(f, facts, None).heads is None:
+      # a head size that divides every part, into more than one head (one head: contiguous)
+      sizes = [
+        d
+        for d in _HEAD_SIZES
+        if not any(w % d for w in f.widths) and 1 < f.widths[0] // d <= _MAX_HEADS
+      ]
+    for size in sizes:
+      known = _with_heads(f, facts, size if layout in _BY_HEADS else 1)
+      rows = evidence.part_rows(layout, f.present, list(f.widths), known)
+      if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
+        continue
+      if sorted(i for r in rows.values() for i in r) != list(range(f.stored[f.axis])):
+        continue  # the parts must tile the fused axis in this layout
+      said = evidence.LAYOUTS[layout]
+      if len(f.present) == 2:
+        said = f"[{' | '.join(f.present)}] one after the other"
+      elif size:
+        said += f", {_heads(f.widths[0] // size)} of {size}"
+      hint = f"{layout}:{size}" if size else layout
+      if rows in rows_of:  # splits as an earlier line does (per head with one head: contiguous)
+        j = rows_of.index(rows)
+        out[j] = dataclasses.replace(out[j], reason=f"{out[j].reason}, or {said}")
+        continue
+      rows_of.append(rows)
+      out.append(Choice(hint, json.dumps(hint), f"if laid out {said}", None))
+  return tuple(out)
 
 
 def _layout_choices(
@@ -234,6 +304,8 @@ def _heads(n: int) -> str:
   return f"{n} head" + ("s" if n != 1 else "")
 
 
+# the layouts whose rows depend on the head count (CodeGen's four blocks do not)
+_BY_HEADS = ("per_head", "grouped")
 # head sizes models use, for a per-head layout when nothing gives the head count
 _HEAD_SIZES = (8, 16, 32, 64, 80, 96, 128, 256)
 _MAX_HEADS = 128

@@ -6,6 +6,10 @@ given. A target name may hold ``{i}`` (``"layers_{i}/attn_norm/scale"``): one hi
 leaf in every per-layer module (linen ``layers_0``, ``nnx.List``, a Python list), with ``{i}``
 in the value standing for the same layer.
 
+A fused checkpoint tensor's layout is a hint of its own, keyed by that tensor or its module
+(``{"model.layers.{i}.attn.Wqkv": "contiguous"}``): it splits every part of it, kernels and
+biases, in every layer.
+
 A hint settles the leaf it names, and only that leaf: a name that stands for several tensors
 (``"input_layernorm"`` names a weight and a bias) gives the leaf the one of its own kind, and
 the other leaves are decided by the same rules as without hints (a kernel's hint carries its
@@ -27,10 +31,87 @@ from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import candidates
 from paramreg_jax._src.match.candidates import rekey
+from paramreg_jax._src.match.coherence import checkpoint_module as coherence_module
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.base import CheckpointSource
+
+# a fused tensor's layout: a key of evidence.LAYOUTS, with the head size where nothing else
+# gives the head count (``"per_head:64"``)
+_LAYOUT = re.compile(r"^(contiguous|per_head|grouped|blocked_qvk4)(?::([1-9]\d{0,5}))?$")
+
+
+def is_layout(hint: Any) -> bool:
+  """Whether a hint's value is a fused tensor's layout (``"contiguous"``, ``"per_head:64"``)."""
+  return isinstance(hint, str) and _LAYOUT.match(hint) is not None
+
+
+def split_layouts(hints: dict[Any, Any], names: list[str]) -> tuple[dict[Any, Any], dict[str, str]]:
+  """``(the other hints, the layout hints)``: a layout hint is keyed by a fused checkpoint
+  tensor or its module (``"model.layers.{i}.attn.Wqkv"``, no target name) and valued by its
+  layout. One keyed by a target name stays with the others, refused by :func:`layouts`."""
+  known = set(names)
+  layouts = {
+    str(k): v
+    for k, v in hints.items()
+    if is_layout(v) and str(k).removeprefix("n:") not in known and not layers_of(str(k), names)
+  }
+  return {k: v for k, v in hints.items() if str(k) not in layouts}, layouts
+
+
+def layouts(
+  given: dict[str, str], hinted: dict[str, Any], ck: evidence.Checkpoint
+) -> dict[str, tuple[str, int | None]]:
+  """``{fused checkpoint key: (layout, head size or None)}`` of the layout hints ``given``,
+  each checked: it names fused tensors (a ``qkv`` or a ``gate_up``, by name or module, ``{i}``
+  for every layer), and a gate_up's layout is ``contiguous`` (the only one known). A layout
+  given as a parameter's hint (``hinted``) is refused with the key to use instead."""
+  fused = [k for k, c in ck.concepts.items() if c.tokens & {"qkv", "gate_up"}]
+  example = _template(coherence_module(fused[0])) if fused else "model.layers.{i}.attn.qkv"
+  bad = [
+    f"hint for {name!r}: {hint!r} is the layout of a fused checkpoint tensor, not a parameter's "
+    f"hint: key it by that tensor or its module, e.g. hints={{{example!r}: {hint!r}}}"
+    for name, hint in hinted.items()
+    if is_layout(hint)
+  ]
+  out: dict[str, tuple[str, int | None]] = {}
+  for key, hint in given.items():
+    m = _LAYOUT.match(hint)
+    assert m is not None
+    layout, size = m.group(1), int(m.group(2)) if m.group(2) else None
+    rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"\d+") + "$")
+    named = [k for k in ck.concepts if rx.match(k) or rx.match(coherence_module(k))]
+    if not named:
+      parts = sorted({coherence_module(k) for k in fused}) or sorted(ck.concepts)
+      bad.append(
+        f"layout hint {key!r}: no checkpoint tensor or module is {key!r}"
+        f"{errors.did_you_mean(key, parts)}"
+      )
+      continue
+    not_fused = [k for k in named if k not in fused]
+    if not_fused:
+      bad.append(
+        f"layout hint {key!r}: {not_fused[0]!r} is no fused qkv or gate_up tensor (a layout "
+        "says how one fused tensor holds its parts)"
+      )
+      continue
+    if layout != "contiguous" and any("gate_up" in ck.concepts[k].tokens for k in named):
+      bad.append(
+        f"layout hint {key!r}: a fused gate_up is laid out [gate | up] ('contiguous'), not {hint!r}"
+      )
+      continue
+    out.update({k: (layout, size) for k in named})
+  if bad:
+    raise errors.MatchError(
+      errors.collected("use the hints", bad, "nothing was chosen"), tuple(bad)
+    )
+  return out
+
+
+def _template(name: str) -> str:
+  """``name`` with its first layer number as ``{i}`` (``model.layers.{i}.attn.qkv``)."""
+  return re.sub(r"(?<=[._/])\d+(?=[._/]|$)", "{i}", name, count=1)
 
 
 def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:

@@ -49,10 +49,13 @@ def match(
       (``"input_layernorm"``, ``"layers.{i}.ln_1"``), and ``match`` derives the transpose,
       stack or split; or a recipe, used as given (checked against the parameter's shape, dtype
       and, where the evidence determines it, the orientation). A target name with ``{i}``
-      (``"layers_{i}/norm/scale"``) serves every per-layer module. A hint settles the leaf it
-      names and only that: the others are decided by the same rules (a kernel's module
-      decides its bias), a tensor a hint uses is never given to another leaf by elimination,
-      and ``Match.hint_effects`` lists what the hints changed elsewhere.
+      (``"layers_{i}/norm/scale"``) serves every per-layer module. A fused checkpoint tensor's
+      layout is a hint keyed by that tensor or its module, ``{"blocks.{i}.attn.qkv":
+      "contiguous"}`` (or ``"per_head"``, ``"per_head:64"`` with its head size,
+      ``"grouped"``, ``"blocked_qvk4"``). A hint settles the leaf it names and only that: the
+      others are decided by the same rules (a kernel's module decides its bias), a tensor a
+      hint uses is never given to another leaf by elimination, and ``Match.hint_effects``
+      lists what the hints changed elsewhere.
     config: the checkpoint's ``config.json`` as a dict, when the source does not carry it
       (``SafetensorsSource`` reads the one beside its file). It says the fused-tensor layouts,
       head counts and whether the head is tied.
@@ -90,16 +93,21 @@ def match(
   slots, quantized_weights = kept.collapse(_slots(target))
   _check_hints(hints)
   keys = list(source.keys())
-  given = hints_lib.expand(dict(hints or {}), [s.name for s in slots])
+  names = [s.name for s in slots]
+  rest, layout_hints = hints_lib.split_layouts(dict(hints or {}), names)
+  given = hints_lib.expand(rest, names)
   per_layer = frozenset(n for n, h in given.items() if isinstance(h, str) and "{i}" in h)
   # a counter no parameter stands for (num_batches_tracked) is not evidence: left unused
   weights = [k for k in keys if not vocabulary.bookkeeping(k)]
   ck = _read_checkpoint(slots, source, weights, config, frozenset(given), per_layer)
+  ck.layouts = hints_lib.layouts(layout_hints, given, ck)
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _oriented(slots, source, ck, recipe_hints, name_hints)
   aligned = tuple(sorted(ck.towers.items()))
-  changed = _hint_effects(slots, source, ck, proposals, problems, given) if given else ()
+  changed = (
+    _hint_effects(slots, source, ck, proposals, problems, given) if given or ck.layouts else ()
+  )
   used = {k for p in proposals.values() for k in p.keys}
   ordered = [proposals[s.name] for s in slots if s.name in proposals]
   if stored is not source:
@@ -251,7 +259,11 @@ def _hint_effects(
 ) -> tuple[tuple[str, str, str], ...]:
   """``(target, without the hints, with them)`` for every leaf the hints did not name whose
   outcome they changed."""
-  base, base_problems, _ = _decide(slots, source, ck, {}, {})
+  layouts, ck.layouts = ck.layouts, {}
+  try:
+    base, base_problems, _ = _decide(slots, source, ck, {}, {})
+  finally:
+    ck.layouts = layouts
 
   def outcome(props: dict[str, Proposal], probs: list[str], name: str) -> str:
     p = props.get(name)

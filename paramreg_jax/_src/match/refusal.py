@@ -101,8 +101,9 @@ def refuse(
   singles: list[Problem] = []
   for p in problems:
     if isinstance(p, Problem) and p.choices:  # choices its rule wrote out (a fused layout)
-      choices = {
-        t: tuple(_cast_choice(c, by_name[t], source) for c in cs) for t, cs in p.choices.items()
+      choices = {  # keyed by a leaf (its recipes cast to its dtype) or a fused tensor (layouts)
+        t: tuple(_cast_choice(c, by_name[t], source) for c in cs) if t in by_name else cs
+        for t, cs in p.choices.items()
       }
       singles.append(Problem(p, p.targets, choices))
     else:
@@ -214,10 +215,17 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
         codes = tuple(
           tuple(_templated(c.code, n, loose) for c in p.choices.get(t, ())) for t in p.targets
         )
-        if all("{i}" in c for cs in codes for c in cs) and (
-          any(codes) or "{i}" in text.partition(":")[2]
+        fused = tuple(  # choices keyed by a fused checkpoint tensor (its layout): by the key
+          (_templated(f'"{k}"', n, loose), tuple(c.code for c in cs))
+          for k, cs in p.choices.items()
+          if k not in p.targets
+        )
+        if (
+          all("{i}" in c for cs in codes for c in cs)
+          and all("{i}" in k for k, _ in fused)
+          and (any(codes) or fused or "{i}" in text.partition(":")[2])
         ):
-          forms.setdefault((keys, text, codes, loose), []).append((p, n))
+          forms.setdefault((keys, text, codes + fused, loose), []).append((p, n))
           break
   done: set[int] = set()
   out = []
@@ -236,6 +244,13 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
       )
       for t, key in zip(first.targets, keys)
     }
+    layouts = {
+      str(_templated_hint(k, n, loose)): cs
+      for k, cs in first.choices.items()
+      if k not in first.targets
+    }
+    if layouts:  # one layout hint answers every layer's parts
+      choices = {**{k: cs for k, cs in choices.items() if cs}, **layouts}
     head, _, rest = said.partition(":")
     layers = ", ".join(n for _, n in members)
     message = f"{head}, in {len(members)} layers ({layers}), each alike:{rest}"
@@ -303,10 +318,19 @@ def _templated_hint(hint: str | ops.Recipe, n: str, loose: bool) -> str | ops.Re
 def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
   """``hints = {...}`` with every choice of every problem on its own commented line."""
   lines = ["hints = {"]
+  written = set()
   for p in problems:
     layers = len(p.targets) // max(1, len(p.choices))
     for key, choices in p.choices.items():
+      if key in written:  # one fused tensor's layout, asked by its kernels and its biases
+        continue
+      written.add(key)
       fits = [key] if key in p.targets else [n for n, _ in hints_lib.layers_of(key, p.targets)]
+      if not fits and choices and all(hints_lib.is_layout(c.hint) for c in choices):
+        every = " in every layer" if "{i}" in key else ""
+        lines += text_width.prose(f"the layout of fused {key}{every}; uncomment one:", *_NOTE)
+        lines += _entries(key, choices)
+        continue
       shape = tuple(by_name[fits[0]].shape) if fits else ""
       first = str(p).split("\n", 1)[0]
       kind = next((w for w in ("ambiguous", "unmatched") if w in first), "refused")
@@ -316,12 +340,19 @@ def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
         lines.append(f"  # {json.dumps(key)}: R.source('<checkpoint name>'),")
         continue
       lines += text_width.prose(f"{key} {shape}{where}: {kind}; uncomment one:", *_NOTE)
-      for c in choices:
-        entry = f"  # {json.dumps(key)}: {c.code},"
-        why = c.reason + (f" ({c.score:.2f})" if c.score is not None else "")
-        if len(line := f"{entry}  # {why}") <= text_width.WIDTH:
-          lines.append(line)
-        else:  # the entry stays one line (uncommenting it is the choice); its reason goes under
-          lines += [entry, *text_width.prose(why, "  #     ^ ", "  #       ")]
+      lines += _entries(key, choices)
   lines.append("}")
   return "\n".join(lines)
+
+
+def _entries(key: str, choices: Sequence[Choice]) -> list[str]:
+  """One commented line per choice, its reason after it (or under it, where too wide)."""
+  lines = []
+  for c in choices:
+    entry = f"  # {json.dumps(key)}: {c.code},"
+    why = c.reason + (f" ({c.score:.2f})" if c.score is not None else "")
+    if len(line := f"{entry}  # {why}") <= text_width.WIDTH:
+      lines.append(line)
+    else:  # the entry stays one line (uncommenting it is the choice); its reason goes under
+      lines += [entry, *text_width.prose(why, "  #     ^ ", "  #       ")]
+  return lines
