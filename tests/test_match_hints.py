@@ -586,3 +586,19 @@ def test_a_layout_that_does_not_tile_the_parts_is_asked_again():
     prj.match(target, MemorySource(ck), hints={key: "per_head:3"})  # 16 is no multiple of 3
   assert "not known for this checkpoint" in str(info.value)
   assert '"per_head:8"' in info.value.hints_code
+
+
+def test_a_per_head_layout_hint_over_grouped_heads_is_refused_not_read_out_of_range():
+  """4 q heads over 2 kv heads: ``per_head`` (one k and v per q head) cannot tile the fused
+  rows; the hint is refused with why, and the layouts that do tile are offered."""
+  ck = {"l.0.attn.qkv.weight": rand(64, 32), "l.0.mlp.up.weight": rand(48, 32)}
+  target = {"l_0": {"attn": {n: {"kernel": sds(32, w)} for n, w in zip("qkv", (32, 16, 16))}}}
+  target["l_0"]["mlp"] = {"up": {"kernel": sds(32, 48)}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck), hints={"l.{i}.attn.qkv": "per_head:8"})
+  assert "the layout 'per_head' does not tile its 64 rows" in str(info.value)
+  assert '"l.0.attn.qkv": "grouped:8",' in info.value.hints_code
+  m = prj.match(target, MemorySource(ck), hints={"l.{i}.attn.qkv": "grouped:8"})
+  got = prj.restore(target, MemorySource(ck), recipes=m)["l_0"]["attn"]
+  w = ck["l.0.attn.qkv.weight"]  # per kv group: [q q k v] of 8 rows each, twice
+  np.testing.assert_array_equal(got["k"]["kernel"], np.concatenate([w[16:24], w[48:56]]).T)

@@ -101,6 +101,8 @@ def split(
     if layout and (layout == "contiguous" or present == parts)
     else None
   )
+  if isinstance(rows, dict) and present == parts and not _tiles(rows, stored[axis]):
+    rows = f"the layout {layout!r} does not tile its {stored[axis]} rows with these parts"
   unsure = [n for n in names if roles.get(n, "").endswith("?")]
   if not isinstance(rows, dict) or unsure:
     return _undecided(f, ck.facts, roles, str(layout) if isinstance(rows, dict) else rows)
@@ -111,6 +113,11 @@ def split(
       p = dataclasses.replace(p, reason=f"{p.reason}, in order: the {roles[name]} of its siblings")
     proposals[name] = p
   return None
+
+
+def _tiles(rows: Mapping[str, list[int]], size: int) -> bool:
+  """Whether the parts' rows are every row of the fused axis, each once."""
+  return sorted(i for r in rows.values() for i in r) == list(range(size))
 
 
 def _with_heads(f: _Fused, facts: evidence.Facts, size: int | None) -> evidence.Facts:
@@ -245,7 +252,7 @@ def _layout_hints(f: _Fused, facts: evidence.Facts, layouts: tuple[str, ...]) ->
       rows = evidence.part_rows(layout, f.present, list(f.widths), known)
       if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
         continue
-      if sorted(i for r in rows.values() for i in r) != list(range(f.stored[f.axis])):
+      if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
       said = evidence.LAYOUTS[layout]
       if len(f.present) == 2:
@@ -291,7 +298,7 @@ def _layout_choices(
       rows = evidence.part_rows(layout, f.present, list(f.widths), known)
       if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
         continue
-      if sorted(i for r in rows.values() for i in r) != list(range(f.stored[f.axis])):
+      if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
       said = evidence.LAYOUTS[layout] + (said_heads if layout in ("per_head", "grouped") else "")
       if len(f.present) == 2:
