@@ -578,3 +578,26 @@ def test_haiku_module_paths_read_as_any_other_path(name, named, tmp_path):
   target, unescape = _haiku_modules(target)
   choices = _restores_as_pytorch(*model, target, src, truth, lambda n: _renamer(back)(unescape(n)))
   assert choices == 0 or (named == "auto-named" and name in _ASKED_WITHOUT_NAMES), choices
+
+
+def test_a_parameter_the_checkpoint_lacks_is_told_to_restore_the_rest_and_the_advice_works():
+  """A pretrained backbone under a new classifier head: nothing in the checkpoint has the
+  head's shapes. The refusal says so, names the module to leave out, and the target without
+  it maps and restores (the head is the user's to initialize)."""
+  ck = {
+    "encoder.layer.0.output.dense.weight": rng.standard_normal((4, 6)).astype(np.float32),
+    "encoder.layer.0.output.dense.bias": rng.standard_normal(4).astype(np.float32),
+  }
+  target = {
+    "encoder": {"layers_0": {"out": {"kernel": _sds((6, 4)), "bias": _sds((4,))}}},
+    "classifier": {"kernel": _sds((4, 3)), "bias": _sds((3,))},
+  }
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  assert [p.targets for p in info.value.problems] == [("classifier/bias",), ("classifier/kernel",)]
+  assert "the target without 'classifier', then initialize it as your model does" in str(info.value)
+  rest = {k: v for k, v in target.items() if k != "classifier"}
+  got = prj.restore(rest, MemorySource(ck), recipes=prj.match(rest, MemorySource(ck)))
+  np.testing.assert_array_equal(
+    got["encoder"]["layers_0"]["out"]["kernel"], ck["encoder.layer.0.output.dense.weight"].T
+  )

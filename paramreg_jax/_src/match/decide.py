@@ -415,6 +415,18 @@ def _unmatched(slot: Any, ranked: dict[str, list[Candidate]]) -> str:
     f"{'layer ' + str(tc.indices) if tc.indices else 'this level'} fits its name and shape"
     + (f"; what fits its shape, closest name first:{listed}{more}" if near else "")
     + (f"\n    name the right one: hints={{{slot.name!r}: '<checkpoint name>'}}" if near else "")
+    + ("" if near else _absent(slot.name))
+  )
+
+
+def _absent(name: str) -> str:
+  """What to do about a parameter no tensor of its level fits in any layout: most often one
+  the checkpoint does not have (a new classifier head, an adapter)."""
+  module = coherence.target_module(name) or name
+  return (
+    "; no tensor there has its shape in any layout. If the checkpoint does not have this "
+    f"parameter (a new head, an adapter), match and restore the rest: the target without "
+    f"{module!r}, then initialize it as your model does; if it does, give its recipe"
   )
 
 
