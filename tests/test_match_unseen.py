@@ -1288,6 +1288,15 @@ def _chosen(entries, error, target, src, want, data):
   return found[0]
 
 
+def test_a_fused_tensor_kept_fused_is_no_layout_question():
+  """ModernBERT's ``Wqkv`` and ``Wi`` kept fused by the target, without ``config.json``:
+  a leaf as large as the fused tensor is that tensor (transposed), whatever its layout."""
+  _, expect = modernbert_fused()
+  src = prj.MemorySource(ld("modernbert"))
+  target = _target(expect)
+  _assert_restores(expect, target, src, prj.match(target, src))
+
+
 def _holds_in(value, want, data, at):
   if isinstance(value, str):
     named = named_keys(value.replace("{i}", at or ""), list(data))

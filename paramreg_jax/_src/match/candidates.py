@@ -315,7 +315,9 @@ def _single(
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
   fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
   rank = len(sshape) - ("experts" in sc.tokens and len(sshape) == 3)  # [E, out, in] per expert
-  if len(part) == 1 and fused in sc.tokens and rank in (1, 2):
+  # (a leaf as large as the fused tensor is that tensor, kept fused: no part of it)
+  whole = math.prod(shape) == math.prod(sshape)
+  if len(part) == 1 and fused in sc.tokens and rank in (1, 2) and not whole:
     rest_t = Concepts("", tc.tokens - part, (), "")
     score = rest_t.similarity(Concepts("", sc.tokens - {fused}, (), ""))
     # the fused axis: out (``t``: [.., out, in]) or the last (``same``: [.., in, out])

@@ -255,8 +255,8 @@ def _layout_hints(f: _Fused, facts: evidence.Facts, layouts: tuple[str, ...]) ->
       if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
       said = evidence.LAYOUTS[layout]
-      if len(f.present) == 2:
-        said = f"[{' | '.join(f.present)}] one after the other"
+      if "q" not in f.present:  # a gate_up: [gate | up], or whichever of them the target has
+        said = "[gate | up] one after the other"
       elif size:
         said += f", {_heads(f.widths[0] // size)} of {size}"
       hint = f"{layout}:{size}" if size else layout
@@ -301,8 +301,8 @@ def _layout_choices(
       if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
       said = evidence.LAYOUTS[layout] + (said_heads if layout in ("per_head", "grouped") else "")
-      if len(f.present) == 2:
-        said = f"[{' | '.join(f.present)}] one after the other"
+      if "q" not in f.present:  # a gate_up: [gate | up], or whichever of them the target has
+        said = "[gate | up] one after the other"
       _offer(f, roles, layout, rows, said, out)
   return {n: tuple(c) for n, c in out.items()}
 
