@@ -601,3 +601,16 @@ def test_a_parameter_the_checkpoint_lacks_is_told_to_restore_the_rest_and_the_ad
   np.testing.assert_array_equal(
     got["encoder"]["layers_0"]["out"]["kernel"], ck["encoder.layer.0.output.dense.weight"].T
   )
+
+
+def test_a_leaf_only_a_rearrangement_fits_names_the_tensor_of_as_many_values():
+  """Gemma's ``q_einsum`` ``[heads, hidden, head_dim]`` over a ``q_proj`` ``[heads *
+  head_dim, hidden]`` with no config to give the head count: not a missing parameter, the
+  refusal names the tensor that holds its values."""
+  ck = {"model.layers.0.self_attn.q_proj.weight": np.ones((32, 32), np.float32)}
+  target = {"layer_0": {"attn": {"q_einsum": {"w": _sds((4, 32, 8))}}}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  text = str(info.value)
+  assert "'model.layers.0.self_attn.q_proj.weight' (32, 32) has as many values" in text
+  assert "a new head" not in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -354,7 +355,7 @@ def tie_heads(
       if shape in (tuple(embed.shape), tuple(embed.shape)[::-1]):
         _tie_head(slot, embed, proposals, problems, ck, unused)
         continue
-    problems.append(_unmatched(slot, ranked))
+    problems.append(_unmatched(slot, ranked, ck))
 
 
 def _tie_head(
@@ -398,7 +399,7 @@ def _tie_head(
     proposals[slot.name] = Proposal(slot.name, recipe, why, owner.keys)
 
 
-def _unmatched(slot: Any, ranked: dict[str, list[Candidate]]) -> str:
+def _unmatched(slot: Any, ranked: dict[str, list[Candidate]], ck: evidence.Checkpoint) -> str:
   """The problem of a target no candidate was decided for: ambiguous among equals, or
   unmatched with what fits its shape, closest name first."""
   tc = concepts(slot.name)
@@ -415,18 +416,30 @@ def _unmatched(slot: Any, ranked: dict[str, list[Candidate]]) -> str:
     f"{'layer ' + str(tc.indices) if tc.indices else 'this level'} fits its name and shape"
     + (f"; what fits its shape, closest name first:{listed}{more}" if near else "")
     + (f"\n    name the right one: hints={{{slot.name!r}: '<checkpoint name>'}}" if near else "")
-    + ("" if near else _absent(slot.name))
+    + ("" if near else _absent(slot, ck))
   )
 
 
-def _absent(name: str) -> str:
-  """What to do about a parameter no tensor of its level fits in any layout: most often one
-  the checkpoint does not have (a new classifier head, an adapter)."""
-  module = coherence.target_module(name) or name
+def _absent(slot: Any, ck: evidence.Checkpoint) -> str:
+  """What to do about a parameter no tensor of its level fits in a layout ``match`` derives:
+  a tensor of as many values there may be it rearranged (heads permuted where no config gives
+  their count): named, for its recipe; with none, most often a parameter the checkpoint does
+  not have (a new classifier head, an adapter)."""
+  size = math.prod(slot.shape)
+  level = concepts(slot.name).indices
+  alike = [k for k in ck.by_layer.get(level, ()) if math.prod(ck.shapes[k]) == size]
+  if alike:
+    shown = ", ".join(f"{k!r} {tuple(ck.shapes[k])}" for k in alike[:3])
+    return (
+      f"; {shown} {'has' if len(alike) == 1 else 'have'} as many values in a layout match "
+      "does not derive here (the config's head count would say how heads are split): give "
+      "its recipe"
+    )
+  module = coherence.target_module(slot.name) or slot.name
   return (
-    "; no tensor there has its shape in any layout. If the checkpoint does not have this "
-    f"parameter (a new head, an adapter), match and restore the rest: the target without "
-    f"{module!r}, then initialize it as your model does; if it does, give its recipe"
+    "; no tensor there has as many values. If the checkpoint does not have this parameter "
+    f"(a new head, an adapter), match and restore the rest: the target without {module!r}, "
+    "then initialize it as your model does; if it does, give its recipe"
   )
 
 
