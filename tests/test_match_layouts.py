@@ -202,3 +202,32 @@ def test_no_stack_without_the_evidence(leaves):
 
 def test_a_one_layer_checkpoint_has_no_stacks():
   assert _stack_case({"dec/up/kernel": (1, 4, 8), "dec/up/bias": (1, 8)}, layers=1) == frozenset()
+
+
+def test_heads_split_and_permuted_without_a_config_read_the_leafs_own_axes():
+  """Gemma's einsum weights (``q_einsum`` ``[heads, hidden, head_dim]``, ``attn_vec_einsum``
+  ``[heads, head_dim, hidden]``) over ``q_proj``/``k_proj``/``o_proj`` with no config: the
+  MLP's kernel says the checkpoint is ``[out, in]``; each leaf's two axes beside the width,
+  in its order, are its heads and head size (as a reshape to ``[hidden, heads, head_dim]``
+  reads them)."""
+  rng = np.random.default_rng(0)
+  h, kv, d, width = 4, 2, 8, 32
+  at = "model.layers.0."
+  ck = {
+    at + "self_attn.q_proj.weight": rng.standard_normal((h * d, width)).astype(np.float32),
+    at + "self_attn.k_proj.weight": rng.standard_normal((kv * d, width)).astype(np.float32),
+    at + "self_attn.o_proj.weight": rng.standard_normal((width, h * d)).astype(np.float32),
+    at + "mlp.up_proj.weight": rng.standard_normal((48, width)).astype(np.float32),
+  }
+  attn = {"q_einsum": (h, width, d), "k_einsum": (kv, width, d), "attn_vec_einsum": (h, d, width)}
+  target = {"layer_0": {"attn": {n: {"w": _sds(*s)} for n, s in attn.items()}}}
+  target["layer_0"]["mlp"] = {"up_proj": {"kernel": _sds(width, 48)}}
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  a = got["layer_0"]["attn"]
+  q = ck[at + "self_attn.q_proj.weight"].reshape(h, d, width).transpose(0, 2, 1)
+  k = ck[at + "self_attn.k_proj.weight"].reshape(kv, d, width).transpose(0, 2, 1)
+  np.testing.assert_array_equal(a["q_einsum"]["w"], q)
+  np.testing.assert_array_equal(a["k_einsum"]["w"], k)
+  np.testing.assert_array_equal(
+    a["attn_vec_einsum"]["w"], ck[at + "self_attn.o_proj.weight"].T.reshape(h, d, width)
+  )

@@ -334,19 +334,27 @@ def _heads_permuted(
 ) -> list[Candidate]:
   """A projection with its heads split and its axes in an order of the model's own (Gemma's
   ``q_einsum`` ``[heads, hidden, head_dim]``, ``attn_vec_einsum`` ``[heads, head_dim,
-  hidden]``): the stored heads axis split by the config's head count and size, then the axes
-  permuted into the leaf's. The heads axis is the output of q, k and v and the input of o, in
-  the checkpoint's own orientation (its config); without that, or a head count, nothing is
-  offered. Several permutations that fit (sizes alike) are each a candidate: asked."""
+  hidden]``): the stored heads axis split by the config's head count and size (without a
+  config, as the leaf's own two axes beside the width, in its order: the reading a plain
+  reshape to ``[hidden, heads, head_dim]`` makes), then the axes permuted into the leaf's.
+  The heads axis is the output of q, k and v and the input of o, in the checkpoint's own
+  orientation (its config or its linear weights' shapes); without that nothing is offered.
+  Several splits or permutations that fit (sizes alike) are each a candidate: asked."""
   facts, stored = ck.facts, ck.shapes[key]
-  if ck.convention not in ("t", "same") or not facts.heads or not facts.head_dim:
+  if ck.convention not in ("t", "same"):
     return []
   roles = tc.tokens & {"q", "k", "v", "o"}
   if len(roles) != 1:
     return []
   out_axis = 0 if ck.convention == "t" else 1
   axis = out_axis if roles != {"o"} else 1 - out_axis  # where the heads are
-  splits = {(h, facts.head_dim) for h in (facts.heads, facts.kv_heads or facts.heads)}
+  if facts.heads and facts.head_dim:
+    splits = {(h, facts.head_dim) for h in (facts.heads, facts.kv_heads or facts.heads)}
+  else:  # no config: the leaf's two axes beside the width, in its order, as a reshape reads
+    width = stored[1 - axis]
+    splits = {
+      tuple(s for j, s in enumerate(shape) if j != i) for i in range(3) if shape[i] == width
+    }
   found = []
   for h, d in sorted(splits):
     if h * d != stored[axis]:
