@@ -348,13 +348,15 @@ def _heads_permuted(
     return []
   out_axis = 0 if ck.convention == "t" else 1
   axis = out_axis if roles != {"o"} else 1 - out_axis  # where the heads are
+  splits: set[tuple[int, int]]
   if facts.heads and facts.head_dim:
     splits = {(h, facts.head_dim) for h in (facts.heads, facts.kv_heads or facts.heads)}
   else:  # no config: the leaf's two axes beside the width, in its order, as a reshape reads
     width = stored[1 - axis]
-    splits = {
-      tuple(s for j, s in enumerate(shape) if j != i) for i in range(3) if shape[i] == width
-    }
+    splits = set()
+    for i in (i for i in range(3) if shape[i] == width):
+      a, b = (s for j, s in enumerate(shape) if j != i)
+      splits.add((a, b))
   found = []
   for h, d in sorted(splits):
     if h * d != stored[axis]:
