@@ -162,6 +162,10 @@ def test_a_module_numbered_in_its_own_name_keeps_its_place():
     ("layer2.1.downsample.0.weight", (2, 1)),  # torchvision: stage 2's block 1
     ("layers.0.ffn.layer1.weight", (0,)),  # a module named layer1 inside a layer
     ("encoder.conv2.weight", ()),
+    # a block class named for a part of a layer: inside a layer, that part (MaxText's
+    # DeepSeek); outside, a layer (CLIP's ResidualAttentionBlock)
+    ("decoder/layers_1/DeepSeekMoeBlock_0/MoeBlock_0/wi_0", (1,)),
+    ("visual/ResidualAttentionBlock_3/mlp/c_fc/kernel", (3,)),
   ],
 )
 def test_which_numbers_are_layers(name, indices):

@@ -90,7 +90,7 @@ def template(name: str) -> str:
       not previous or staged or vocabulary.indexes(previous, not seen, inside)
     ):
       parts[i], seen, inside = "#", True, False
-    elif vocabulary.is_container(part) or (not seen and vocabulary.is_stage(part)):
+    elif vocabulary.is_container(part, seen) or (not seen and vocabulary.is_stage(part)):
       # layers_3, DecoderLayer_0; torchvision's stage layer2 (its next number: a block's)
       staged = not seen and vocabulary.is_stage(part)
       parts[i], seen, inside, previous = part.rstrip("0123456789") + "#", True, False, part

@@ -287,9 +287,11 @@ _PLACED = re.compile(r"^([a-z]{2,}?)(\d+)$")
 _BLOCK_CLASS = re.compile(r"^([a-z][a-z0-9_]*?)_?(layers|layer|blocks|block|stages|stage)_(\d+)$")
 
 
-def _container(word: str) -> tuple[str, ...] | None:
+def _container(word: str, in_layer: bool = False) -> tuple[str, ...] | None:
   """The words a numbered container stands for (``layers_3`` -> layers; ``decoderlayer_0`` ->
-  decoder, layers), or None when ``word`` (lower case) is not one."""
+  decoder, layers), or None when ``word`` (lower case) is not one. Inside a layer already
+  numbered (``in_layer``), a block class named for a part of a layer is that part
+  (``DeepSeekMoeBlock_0``); outside, it numbers layers (CLIP's ``ResidualAttentionBlock_3``)."""
   if "_" not in word:
     return None
   if m := _CONTAINER_INDEX.match(word):
@@ -298,7 +300,7 @@ def _container(word: str) -> tuple[str, ...] | None:
   if not m or word.rsplit("_", 1)[0] in _WORDS:
     return None
   pre = m.group(1)
-  if _WORDS.get(pre) or _part_of_layer(pre):  # MlpBlock_0, DeepSeekMoeBlock_0: a layer's part
+  if _WORDS.get(pre) or (in_layer and _part_of_layer(pre)):  # MlpBlock_0: a layer's part
     return None
   if "_" in word[len(pre) : len(pre) + 1] or pre in ("encoder", "decoder"):
     return (pre, "layers")  # conv_layers_0: its words; DecoderLayer_0: the class's role
@@ -311,9 +313,10 @@ def _part_of_layer(pre: str) -> bool:
   return any(pre.endswith(w) and in_role(w) for w in _ROLE_WORDS)
 
 
-def is_container(word: str) -> bool:
-  """Whether a component numbers a layer (``layers_3``, ``DecoderLayer_0``)."""
-  return _container(word.lower()) is not None
+def is_container(word: str, in_layer: bool = False) -> bool:
+  """Whether a component numbers a layer (``layers_3``, ``DecoderLayer_0``; ``in_layer``:
+  after a layer's own number, see :func:`_container`)."""
+  return _container(word.lower(), in_layer) is not None
 
 
 def _container_number(word: str) -> int:
@@ -364,7 +367,7 @@ def _words(
     word = raw.lower()
     if n == 0 and word in noise:
       continue
-    container = _container(word)
+    container = _container(word, bool(where))
     if not where and is_stage(word):
       container = (word.rstrip("0123456789"),)
     if _SCANNED.match(raw):  # linen's nn.scan over a block: its layers on a leading axis
