@@ -216,8 +216,8 @@ MUTATIONS = (
   Mutation(
     "closure: none outside the layers (a stem's norm is asked)",
     "paramreg_jax/_src/match/closure.py",
-    "  out.update(_outside_layers(",
-    "  0 and out.update(_outside_layers(",
+    "    out.update(_close_container(container, names, open_, decided, ck, used))\n",
+    "    pass\n",
     ("tests/test_match_closure.py", "-k", "outside_the_layers"),
   ),
   Mutation(
@@ -279,8 +279,8 @@ MUTATIONS = (
   Mutation(
     "closure: a stacked block never closes",
     "paramreg_jax/_src/match/closure.py",
-    "  out.update(_stacked(open_, decided, blocks, ck, frozenset(hinted_leaves), used))\n",
-    "",
+    "    out.update(_close_stack(names, open_, decided, ck, used))\n",
+    "    pass\n",
     ("tests/test_match_closure.py", "-k", "stacked_block_closes"),
   ),
   Mutation(

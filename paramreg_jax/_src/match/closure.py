@@ -77,39 +77,39 @@ def settle(
     left = [n for n in names if n not in decided]
     free = [k for k in ck.by_layer.get(block, ()) if k not in used]
     out.update(_close(left, free, open_, f"the last tensor of layer {block} that fits it"))
-  out.update(_outside_layers(open_, decided, blocks, ck, frozenset(hinted_leaves), used))
-  out.update(_stacked(open_, decided, blocks, ck, frozenset(hinted_leaves), used))
+  # outside the layers: the container each open leaf sits in, as a module of its own, then
+  # as a stacked block
+  containers = _containers(open_, decided, blocks, frozenset(hinted_leaves))
+  for container, names in containers:
+    out.update(_close_container(container, names, open_, decided, ck, used))
+  for _, names in containers:
+    out.update(_close_stack(names, open_, decided, ck, used))
   return out
 
 
-def _stacked(
+def _containers(
   open_: Mapping[str, list[Candidate]],
   decided: Mapping[str, tuple[str, ...]],
   blocks: Mapping[str, Block],
-  ck: Checkpoint,
   hinted: frozenset[str],
-  used: set[str],
-) -> dict[str, tuple[Candidate, str]]:
-  """Closure inside a stacked block (``nn.scan``, ``nnx.vmap``: one leaf holds a tensor of
-  every layer): a target container whose decided leaves each stack the same layers is those
-  layers; when in each of them the tensors left are as many as its open leaves, the leaves
-  left take the stacks left (a stack: the tensors named alike in every layer) as in a layer.
-  Never in a container where a hint decided a leaf."""
-  out: dict[str, tuple[Candidate, str]] = {}
+) -> list[tuple[str, list[str]]]:
+  """``(container, its leaves)``: the nearest target container above each open leaf outside
+  the layers that holds decided leaves. Never the top level, never one where a hint decided a
+  leaf."""
+  found: list[tuple[str, list[str]]] = []
   tried: set[str] = set()
   for name in [n for n in open_ if not blocks.get(n)]:
     parts = name.split("/")
     for depth in range(len(parts) - 2, 0, -1):
       container = "/".join(parts[:depth])
       members = [n for n in blocks if n.startswith(container + "/") and not blocks[n]]
-      done = [n for n in members if n in decided]
-      if not done:
+      if not any(n in decided for n in members):
         continue
       if container not in tried and not hinted & {*members}:
         tried.add(container)
-        out.update(_close_stack(members, open_, decided, ck, used))
+        found.append((container, members))
       break
-  return out
+  return found
 
 
 def _close_stack(
@@ -119,6 +119,10 @@ def _close_stack(
   ck: Checkpoint,
   used: set[str],
 ) -> dict[str, tuple[Candidate, str]]:
+  """Closure inside a stacked block (``nn.scan``, ``nnx.vmap``: one leaf holds a tensor of
+  every layer): a container whose decided leaves each stack the same layers is those layers;
+  when in each of them the tensors left are as many as its open leaves, the leaves left take
+  the stacks left (a stack: the tensors named alike in every layer) as in a layer."""
   layers = {tuple(_layers(decided[n], ck)) for n in members if n in decided}
   if len(layers) != 1:
     return {}
@@ -160,36 +164,6 @@ def _stack_edges(
   return out
 
 
-def _outside_layers(
-  open_: Mapping[str, list[Candidate]],
-  decided: Mapping[str, tuple[str, ...]],
-  blocks: Mapping[str, Block],
-  ck: Checkpoint,
-  hinted: frozenset[str],
-  used: set[str],
-) -> dict[str, tuple[Candidate, str]]:
-  """Closure inside a module outside the layers (a stem, the embeddings): the nearest target
-  container above an open leaf's module that holds decided leaves aligns with the checkpoint
-  module their tensors share (``stem`` with ``embeddings`` when ``stem/0`` is
-  ``embeddings.patch_embeddings``); its leaves left take its tensors left as in a layer. Never
-  at the top level, never in a container where a hint decided a leaf."""
-  out: dict[str, tuple[Candidate, str]] = {}
-  tried: set[str] = set()
-  for name in [n for n in open_ if not blocks.get(n)]:
-    parts = name.split("/")
-    for depth in range(len(parts) - 2, 0, -1):
-      container = "/".join(parts[:depth])
-      members = [n for n in blocks if n.startswith(container + "/") and not blocks[n]]
-      done = [n for n in members if n in decided]
-      if not done:
-        continue
-      if container not in tried and not hinted & {*members}:
-        tried.add(container)
-        out.update(_close_container(container, members, open_, decided, ck, used))
-      break
-  return out
-
-
 def _close_container(
   container: str,
   members: list[str],
@@ -198,6 +172,10 @@ def _close_container(
   ck: Checkpoint,
   used: set[str],
 ) -> dict[str, tuple[Candidate, str]]:
+  """Closure inside a module outside the layers (a stem, the embeddings): a container that
+  holds decided leaves aligns with the checkpoint module their tensors share (``stem`` with
+  ``embeddings`` when ``stem/0`` is ``embeddings.patch_embeddings``); its leaves left take its
+  tensors left as in a layer."""
   parents = [
     coherence.checkpoint_module(k).split(".")[:-1]
     for n in members
