@@ -65,34 +65,45 @@ def easylm():
   }
 
 
+def gemma_layer(c, p, heads, kv_heads, head_dim, width, *, transposed_gating=True):
+  """One layer at checkpoint prefix ``p`` as Google's gemma library keeps it: ``q_einsum``
+  ``[heads, width, head_dim]``, ``kv_einsum`` ``[2, kv_heads, width, head_dim]``,
+  ``attn_vec_einsum`` ``[heads, head_dim, width]``, ``gating_einsum`` stacking gate and up
+  (``[2, ffw, width]`` transposed, as Gemma 2 keeps it, or ``[2, width, ffw]``)."""
+
+  def split(name, n):  # [n * head_dim, width] -> [n, width, head_dim]
+    return c[p + f"self_attn.{name}_proj.weight"].reshape(n, head_dim, width).transpose(0, 2, 1)
+
+  o = c[p + "self_attn.o_proj.weight"].T.reshape(heads, head_dim, width)
+  gate, up = c[p + "mlp.gate_proj.weight"], c[p + "mlp.up_proj.weight"]
+  gating = np.stack([gate, up]) if transposed_gating else np.stack([gate.T, up.T])
+  return {
+    "attn": {
+      "q_einsum": {"w": np.ascontiguousarray(split("q", heads))},
+      "kv_einsum": {
+        "w": np.ascontiguousarray(np.stack([split("k", kv_heads), split("v", kv_heads)]))
+      },
+      "attn_vec_einsum": {"w": np.ascontiguousarray(o)},
+    },
+    "mlp": {
+      "gating_einsum": np.ascontiguousarray(gating),
+      "linear": T(c[p + "mlp.down_proj.weight"]),
+    },
+  }
+
+
 def gemma_library():
   c = ld("gemma")
-  L = 2
-  H, K, Dh, Dm = 4, 1, 8, 32
   t = {
     "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
     "final_norm": {"scale": c["model.norm.weight"]},
   }
-  for i in range(L):
+  for i in range(2):
     p = f"model.layers.{i}."
-    q = c[p + "self_attn.q_proj.weight"].reshape(H, Dh, Dm).transpose(0, 2, 1)
-    k = c[p + "self_attn.k_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
-    v = c[p + "self_attn.v_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
-    o = c[p + "self_attn.o_proj.weight"].T.reshape(H, Dh, Dm)
     t[f"layer_{i}"] = {
       "pre_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
       "pre_ffw_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
-      "attn": {
-        "q_einsum": {"w": np.ascontiguousarray(q)},
-        "kv_einsum": {"w": np.ascontiguousarray(np.stack([k, v]))},
-        "attn_vec_einsum": {"w": np.ascontiguousarray(o)},
-      },
-      "mlp": {
-        "gating_einsum": np.ascontiguousarray(
-          np.stack([c[p + "mlp.gate_proj.weight"], c[p + "mlp.up_proj.weight"]])
-        ),
-        "linear": T(c[p + "mlp.down_proj.weight"]),
-      },
+      **gemma_layer(c, p, 4, 1, 8, 32),
     }
   return "gemma", {"transformer": t}
 
@@ -155,35 +166,19 @@ def keras_hub_bert():
   return "bert", t
 
 
-def gemma_library_llama():  # llama weights in deepmind gemma's layout, 2 kv heads, gating not transposed
+def gemma_library_llama():  # Llama's weights in the gemma library's layout, 2 kv heads
   c = ld("llama")
-  L = 2
-  H, K, Dh, Dm = 4, 2, 8, 32
   t = {
     "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
     "final_norm": {"scale": c["model.norm.weight"]},
     "unembed": T(c["lm_head.weight"]),
   }
-  for i in range(L):
+  for i in range(2):
     p = f"model.layers.{i}."
-    q = c[p + "self_attn.q_proj.weight"].reshape(H, Dh, Dm).transpose(0, 2, 1)
-    k = c[p + "self_attn.k_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
-    v = c[p + "self_attn.v_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
-    o = c[p + "self_attn.o_proj.weight"].T.reshape(H, Dh, Dm)
     t[f"layer_{i}"] = {
       "pre_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
       "pre_ffw_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
-      "attn": {
-        "q_einsum": {"w": np.ascontiguousarray(q)},
-        "kv_einsum": {"w": np.ascontiguousarray(np.stack([k, v]))},
-        "attn_vec_einsum": {"w": np.ascontiguousarray(o)},
-      },
-      "mlp": {
-        "gating_einsum": np.ascontiguousarray(
-          np.stack([c[p + "mlp.gate_proj.weight"].T, c[p + "mlp.up_proj.weight"].T])
-        ),
-        "linear": T(c[p + "mlp.down_proj.weight"]),
-      },
+      **gemma_layer(c, p, 4, 2, 8, 32, transposed_gating=False),
     }
   return "llama", {"transformer": t}
 

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from test_match_projects import gemma_layer
 from test_match_refusals import expand_template
 from test_match_refusals import literal_entries
 from test_match_refusals import uncommented
@@ -1121,33 +1122,18 @@ def modernbert_split():
 def gemma2_library():
   """Gemma 2 as Google's gemma library keeps it: einsum weights, four norms."""
   c = ld("gemma2")
-  H, K, Dh, Dm = 4, 2, 8, 32
   t = {
     "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
     "final_norm": {"scale": c["model.norm.weight"]},
   }
   for i in range(2):
     p = f"model.layers.{i}."
-    q = c[p + "self_attn.q_proj.weight"].reshape(H, Dh, Dm).transpose(0, 2, 1)
-    k = c[p + "self_attn.k_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
-    v = c[p + "self_attn.v_proj.weight"].reshape(K, Dh, Dm).transpose(0, 2, 1)
-    o = c[p + "self_attn.o_proj.weight"].T.reshape(H, Dh, Dm)
     t[f"layer_{i}"] = {
       "pre_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
       "post_attention_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
       "pre_ffw_norm": {"scale": c[p + "pre_feedforward_layernorm.weight"]},
       "post_ffw_norm": {"scale": c[p + "post_feedforward_layernorm.weight"]},
-      "attn": {
-        "q_einsum": {"w": np.ascontiguousarray(q)},
-        "kv_einsum": {"w": np.ascontiguousarray(np.stack([k, v]))},
-        "attn_vec_einsum": {"w": np.ascontiguousarray(o)},
-      },
-      "mlp": {
-        "gating_einsum": np.ascontiguousarray(
-          np.stack([c[p + "mlp.gate_proj.weight"], c[p + "mlp.up_proj.weight"]])
-        ),
-        "linear": T(c[p + "mlp.down_proj.weight"]),
-      },
+      **gemma_layer(c, p, 4, 2, 8, 32),
     }
   return "gemma2", {"transformer": t}
 
