@@ -2,11 +2,12 @@
 
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
 CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet, DeepSeek-V3 (latent
-attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2 and Phi, each randomly
-initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``,
-``config.json``). ``tests/test_match_unseen.py`` writes targets for them in the styles JAX code
-is written in (flax auto-names, big_vision, timm sequentials, haiku, equinox, stacked layers)
-and checks every restored leaf against a conversion written out by hand.
+attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi and Mamba, each
+randomly initialised at toy size and saved as ``save_pretrained`` writes it
+(``model.safetensors``, ``config.json``). ``tests/test_match_unseen.py`` writes targets for
+them in the styles JAX code is written in (flax auto-names, big_vision, timm sequentials,
+haiku, equinox, stacked layers) and checks every restored leaf against a conversion written
+out by hand.
 
 The test suite needs neither torch nor transformers. To regenerate::
 
@@ -156,6 +157,17 @@ CASES = {
       num_attention_heads=4,
       num_key_value_heads=2,
       head_dim=8,
+    )
+  ),
+  "mamba": lambda: tf.MambaForCausalLM(
+    tf.MambaConfig(
+      vocab_size=99,
+      hidden_size=16,
+      state_size=4,
+      num_hidden_layers=2,
+      expand=2,
+      conv_kernel=4,
+      time_step_rank=3,
     )
   ),
   "phi": lambda: tf.PhiForCausalLM(

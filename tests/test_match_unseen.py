@@ -7,7 +7,8 @@ stacked layers with heads split (out-first, as haliax writes them too), flax's
 ``nn.WeightNorm`` over a torch weight-normed conv, a linen ResNet with ``batch_stats``;
 MaxText's DeepSeek-V3 (latent attention, a router with its score-correction bias, shared and
 stacked routed experts), Qwen2-MoE in NNX, ModernBERT with its fused ``Wqkv``/``Wi`` kept or
-split, Gemma 2 as Google's gemma library keeps it, and Phi in haiku.
+split, Gemma 2 as Google's gemma library keeps it, Phi in haiku, and Mamba as a flax port
+keeps it.
 
 The checkpoints are tiny random Hugging Face models (``make_unseen_fixtures.py``). Each case
 also writes out, by hand, what every leaf must hold (the transposes, head splits, conv layouts
@@ -1168,6 +1169,35 @@ def phi_haiku():
   return "phi", t
 
 
+def mamba_flax():
+  """Mamba as a flax port keeps it: the mixer's projections as ``[in, out]`` kernels, its
+  depthwise ``conv1d`` as flax's ``[width, 1, channels]``, ``A_log`` and ``D`` bare."""
+  c = ld("mamba")
+  layers = []
+  for i in range(2):
+    p = f"backbone.layers.{i}."
+    m = p + "mixer."
+    layers.append(
+      {
+        "norm": {"scale": c[p + "norm.weight"]},
+        "mixer": {
+          "in_proj": {"kernel": T(c[m + "in_proj.weight"])},
+          "conv1d": {"kernel": conv1(c[m + "conv1d.weight"]), "bias": c[m + "conv1d.bias"]},
+          "x_proj": {"kernel": T(c[m + "x_proj.weight"])},
+          "dt_proj": {"kernel": T(c[m + "dt_proj.weight"]), "bias": c[m + "dt_proj.bias"]},
+          "A_log": c[m + "A_log"],
+          "D": c[m + "D"],
+          "out_proj": {"kernel": T(c[m + "out_proj.weight"])},
+        },
+      }
+    )
+  return "mamba", {
+    "embedding": {"embedding": c["backbone.embeddings.weight"]},
+    "layers": layers,
+    "norm_f": {"scale": c["backbone.norm_f.weight"]},
+  }
+
+
 MAPPED = {
   f.__name__: f
   for f in (
@@ -1194,6 +1224,7 @@ MAPPED = {
     modernbert_split,
     gemma2_library,
     phi_haiku,
+    mamba_flax,
   )
 }
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
