@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import hints
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
 from paramreg_jax._src.match.candidates import FUSED_PARTS
 from paramreg_jax._src.match.refusal import Choice
@@ -213,7 +213,7 @@ def _undecided(
   parts = FUSED_PARTS["qkv" if "q" in f.present else "gate_up"]
   module = coherence.checkpoint_module(key)
   if f.stacked:
-    module = re.sub(r"(?<=[._/])\d+(?=[._/]|$)", "{i}", module, count=1)
+    module = hints.layer_template(module)
   # one layout hint answers every part, unless only their order says which part each is
   by_order = any(roles.get(n, "").endswith("?") for n in f.names)
   asked = () if by_order else _layout_hints(f, facts, layouts)

@@ -68,7 +68,7 @@ def layouts(
   for every layer), and a gate_up's layout is ``contiguous`` (the only one known). A layout
   given as a parameter's hint (``hinted``) is refused with the key to use instead."""
   fused = [k for k, c in ck.concepts.items() if c.tokens & {"qkv", "gate_up"}]
-  example = _template(coherence_module(fused[0])) if fused else "model.layers.{i}.attn.qkv"
+  example = layer_template(coherence_module(fused[0])) if fused else "model.layers.{i}.attn.qkv"
   bad = [
     f"hint for {name!r}: {hint!r} is the layout of a fused checkpoint tensor, not a parameter's "
     f"hint: key it by that tensor or its module, e.g. hints={{{example!r}: {hint!r}}}"
@@ -80,7 +80,7 @@ def layouts(
     m = _LAYOUT.match(hint)
     assert m is not None
     layout, size = m.group(1), int(m.group(2)) if m.group(2) else None
-    rx = re.compile(re.escape(key).replace(re.escape("{i}"), r"\d+") + "$")
+    rx = re.compile(_pattern(key) + "$")
     named = [k for k in ck.concepts if rx.match(k) or rx.match(coherence_module(k))]
     if not named:
       parts = sorted({coherence_module(k) for k in fused}) or sorted(ck.concepts)
@@ -109,9 +109,15 @@ def layouts(
   return out
 
 
-def _template(name: str) -> str:
-  """``name`` with its first layer number as ``{i}`` (``model.layers.{i}.attn.qkv``)."""
+def layer_template(name: str) -> str:
+  """``name`` with its first layer number as ``{i}`` (``model.layers.{i}.attn.qkv``): the
+  key of a hint that stands for every layer."""
   return re.sub(r"(?<=[._/])\d+(?=[._/]|$)", "{i}", name, count=1)
+
+
+def _pattern(template: str, layer: str = r"\d+") -> str:
+  """A regex for ``template`` with ``{i}`` standing for any layer number (``layer``)."""
+  return re.escape(template).replace(re.escape("{i}"), layer)
 
 
 def expand(hints: dict[Any, Any], names: list[str]) -> dict[str, Any]:
@@ -146,7 +152,7 @@ def layers_of(template: str, names: Sequence[str]) -> list[tuple[str, str]]:
   """``(name, layer)`` of each target name a ``{i}`` template fits (none without ``{i}``)."""
   if "{i}" not in template:
     return []
-  rx = re.compile(re.escape(template).replace(re.escape("{i}"), r"(\d+)") + "$")
+  rx = re.compile(_pattern(template, r"(\d+)") + "$")
   return [(n, m.group(1)) for n in names if (m := rx.match(n))]
 
 
@@ -248,8 +254,7 @@ def named_keys(hint: str, keys: list[str]) -> list[str]:
   as whole components (``input_layernorm``, ``model.layers.{i}.input_layernorm``)."""
   if hint in keys:
     return [hint]
-  pattern = re.escape(hint).replace(re.escape("{i}"), r"\d+")
-  rx = re.compile(rf"(^|[./]){pattern}([./]|$)")
+  rx = re.compile(rf"(^|[./]){_pattern(hint)}([./]|$)")
   return [k for k in keys if rx.search(k)]
 
 

@@ -234,18 +234,19 @@ _SEQUENTIALS = frozenset({"stem", "head", "classifier", "downsample", "neck", "p
 
 
 _ROLES = frozenset({"mlp", "attn", "xattn"})
-# the words that name a part of a layer, longest first (a block class ends in one: MoeBlock)
-_ROLE_WORDS = sorted(
-  (w for w, t in _WORDS.items() if _ROLES & {*t} and not {"norm", "layerscale"} & {*t}),
-  key=len,
-  reverse=True,
-)
 
 
 def in_role(word: str) -> bool:
   """Whether ``word`` names a part of a layer (``mlp``, ``self_attn``): a list of layers
   under it (equinox's ``mlp/layers/0``) holds its modules, not the model's layers."""
   return bool(_ROLES & set(_WORDS.get(word.lower(), ())))
+
+
+# the words for a part of a layer, not a norm or a scale of one (a block class may end in one:
+# DeepSeekMoeBlock)
+_ROLE_WORDS = tuple(
+  w for w, t in _WORDS.items() if in_role(w) and not {"norm", "layerscale"} & {*t}
+)
 
 
 def indexes(previous: str, first: bool, inside: bool = False) -> bool:
@@ -310,7 +311,7 @@ def _container(word: str, in_layer: bool = False) -> tuple[str, ...] | None:
 def _part_of_layer(pre: str) -> bool:
   """Whether a block class's name ends in a word for a part of a layer (``deepseekmoe``,
   ``gatedmlp``, ``selfattention``): a module of the layer, not a layer."""
-  return any(pre.endswith(w) and in_role(w) for w in _ROLE_WORDS)
+  return any(pre.endswith(w) for w in _ROLE_WORDS)
 
 
 def is_container(word: str, in_layer: bool = False) -> bool:
