@@ -36,6 +36,16 @@ def T(x):
   return np.ascontiguousarray(x.T)
 
 
+def dense(c, module):
+  """A torch ``Linear`` at ``module`` as flax's ``Dense``: its kernel ``[in, out]``, its bias."""
+  return {"kernel": T(c[module + ".weight"]), "bias": c[module + ".bias"]}
+
+
+def layer_norm(c, module):
+  """A torch ``LayerNorm`` at ``module`` as flax's: ``scale`` and ``bias``."""
+  return {"scale": c[module + ".weight"], "bias": c[module + ".bias"]}
+
+
 def easylm():
   c = ld("llama")
   L = 2
@@ -254,15 +264,14 @@ def fused_llama():  # vLLM/tpu-inference style: fused qkv and gate_up in the tar
 
 def nanogpt_bert():  # a BERT with one fused qkv dense, as nanoGPT-style code writes it
   c = ld("bert")
-  L = 2
   t = {
     "wte": {"embedding": c["embeddings.word_embeddings.weight"]},
     "wpe": {"embedding": c["embeddings.position_embeddings.weight"]},
     "wtt": {"embedding": c["embeddings.token_type_embeddings.weight"]},
-    "ln_emb": {"scale": c["embeddings.LayerNorm.weight"], "bias": c["embeddings.LayerNorm.bias"]},
-    "pooler": {"kernel": T(c["pooler.dense.weight"]), "bias": c["pooler.dense.bias"]},
+    "ln_emb": layer_norm(c, "embeddings.LayerNorm"),
+    "pooler": dense(c, "pooler.dense"),
   }
-  for i in range(L):
+  for i in range(2):
     p = f"encoder.layer.{i}."
     a = p + "attention.self."
     t[f"block_{i}"] = {
@@ -273,41 +282,26 @@ def nanogpt_bert():  # a BERT with one fused qkv dense, as nanoGPT-style code wr
           ),
           "bias": np.concatenate([c[a + n + ".bias"] for n in ("query", "key", "value")]),
         },
-        "c_proj": {
-          "kernel": T(c[p + "attention.output.dense.weight"]),
-          "bias": c[p + "attention.output.dense.bias"],
-        },
+        "c_proj": dense(c, p + "attention.output.dense"),
       },
-      "ln_1": {
-        "scale": c[p + "attention.output.LayerNorm.weight"],
-        "bias": c[p + "attention.output.LayerNorm.bias"],
-      },
-      "mlp": {
-        "c_fc": {
-          "kernel": T(c[p + "intermediate.dense.weight"]),
-          "bias": c[p + "intermediate.dense.bias"],
-        },
-        "c_proj": {"kernel": T(c[p + "output.dense.weight"]), "bias": c[p + "output.dense.bias"]},
-      },
-      "ln_2": {"scale": c[p + "output.LayerNorm.weight"], "bias": c[p + "output.LayerNorm.bias"]},
+      "ln_1": layer_norm(c, p + "attention.output.LayerNorm"),
+      "mlp": {"c_fc": dense(c, p + "intermediate.dense"), "c_proj": dense(c, p + "output.dense")},
+      "ln_2": layer_norm(c, p + "output.LayerNorm"),
     }
   return "bert", t
 
 
 def gemma_library_bert():  # the gemma library's MHA layout (qkv_einsum [3, H, D, Dh]), post-norms
   c = ld("bert")
-  L = 2
-  H = 4
-  Dm = 32
-  Dh = 8
+  H, Dh, Dm = 4, 8, 32
   t = {
     "embedder": {"input_embedding": c["embeddings.word_embeddings.weight"]},
     "pos": {"embedding": c["embeddings.position_embeddings.weight"]},
     "seg": {"embedding": c["embeddings.token_type_embeddings.weight"]},
-    "emb_norm": {"scale": c["embeddings.LayerNorm.weight"], "bias": c["embeddings.LayerNorm.bias"]},
-    "pooler": {"kernel": T(c["pooler.dense.weight"]), "bias": c["pooler.dense.bias"]},
+    "emb_norm": layer_norm(c, "embeddings.LayerNorm"),
+    "pooler": dense(c, "pooler.dense"),
   }
-  for i in range(L):
+  for i in range(2):
     p = f"encoder.layer.{i}."
     a = p + "attention.self."
     w = np.stack(
@@ -325,21 +319,9 @@ def gemma_library_bert():  # the gemma library's MHA layout (qkv_einsum [3, H, D
           "b": c[p + "attention.output.dense.bias"],
         },
       },
-      "post_attention_norm": {
-        "scale": c[p + "attention.output.LayerNorm.weight"],
-        "bias": c[p + "attention.output.LayerNorm.bias"],
-      },
-      "mlp": {
-        "up": {
-          "kernel": T(c[p + "intermediate.dense.weight"]),
-          "bias": c[p + "intermediate.dense.bias"],
-        },
-        "down": {"kernel": T(c[p + "output.dense.weight"]), "bias": c[p + "output.dense.bias"]},
-      },
-      "post_ffw_norm": {
-        "scale": c[p + "output.LayerNorm.weight"],
-        "bias": c[p + "output.LayerNorm.bias"],
-      },
+      "post_attention_norm": layer_norm(c, p + "attention.output.LayerNorm"),
+      "mlp": {"up": dense(c, p + "intermediate.dense"), "down": dense(c, p + "output.dense")},
+      "post_ffw_norm": layer_norm(c, p + "output.LayerNorm"),
     }
   return "bert", t
 
