@@ -1045,23 +1045,14 @@ def qwen2_moe_nnx():
   }
 
 
-def modernbert_fused():
-  """ModernBERT with its fused ``Wqkv`` and ``Wi`` kept fused (layer 0 has no attention norm)."""
+def _modernbert(attn_and_mlp):
+  """ModernBERT's tree around each layer's attention and MLP (``attn_and_mlp(c, prefix)``):
+  the norms (layer 0 has no attention norm), the embeddings and the MLM head."""
   c = ld("modernbert")
   layers = []
   for i in range(3):
     p = f"model.layers.{i}."
-    blk = {
-      "attn": {
-        "qkv": {"kernel": T(c[p + "attn.Wqkv.weight"])},
-        "out": {"kernel": T(c[p + "attn.Wo.weight"])},
-      },
-      "mlp_norm": {"scale": c[p + "mlp_norm.weight"]},
-      "mlp": {
-        "wi": {"kernel": T(c[p + "mlp.Wi.weight"])},
-        "wo": {"kernel": T(c[p + "mlp.Wo.weight"])},
-      },
-    }
+    blk = {"mlp_norm": {"scale": c[p + "mlp_norm.weight"]}, **attn_and_mlp(c, p)}
     if i:
       blk["attn_norm"] = {"scale": c[p + "attn_norm.weight"]}
     layers.append(blk)
@@ -1080,21 +1071,35 @@ def modernbert_fused():
   }
 
 
+def modernbert_fused():
+  """ModernBERT with its fused ``Wqkv`` and ``Wi`` kept fused."""
+
+  def fused(c, p):
+    return {
+      "attn": {
+        "qkv": {"kernel": T(c[p + "attn.Wqkv.weight"])},
+        "out": {"kernel": T(c[p + "attn.Wo.weight"])},
+      },
+      "mlp": {
+        "wi": {"kernel": T(c[p + "mlp.Wi.weight"])},
+        "wo": {"kernel": T(c[p + "mlp.Wo.weight"])},
+      },
+    }
+
+  return _modernbert(fused)
+
+
 def modernbert_split():
   """ModernBERT with q/k/v and a Llama-style gate/up: ``Wi``'s first half is the activated
   one (``act(input) * gate``), Llama's gate."""
-  c = ld("modernbert")
-  layers = []
-  for i in range(3):
-    p = f"model.layers.{i}."
-    qkv = c[p + "attn.Wqkv.weight"]
-    wi = c[p + "mlp.Wi.weight"]
-    blk = {
+
+  def split(c, p):
+    qkv, wi = c[p + "attn.Wqkv.weight"], c[p + "mlp.Wi.weight"]
+    return {
       "attn": {
         **{n: {"kernel": T(qkv[32 * j : 32 * j + 32])} for j, n in enumerate("qkv")},
         "o": {"kernel": T(c[p + "attn.Wo.weight"])},
       },
-      "mlp_norm": {"scale": c[p + "mlp_norm.weight"]},
       # llama's act(gate) * up is ModernBERT's act(input) * gate: its first half is the gate
       "mlp": {
         "gate": {"kernel": T(wi[:48])},
@@ -1102,22 +1107,8 @@ def modernbert_split():
         "down": {"kernel": T(c[p + "mlp.Wo.weight"])},
       },
     }
-    if i:
-      blk["attn_norm"] = {"scale": c[p + "attn_norm.weight"]}
-    layers.append(blk)
-  return "modernbert", {
-    "embeddings": {
-      "tok": {"embedding": c["model.embeddings.tok_embeddings.weight"]},
-      "norm": {"scale": c["model.embeddings.norm.weight"]},
-    },
-    "layers": layers,
-    "final_norm": {"scale": c["model.final_norm.weight"]},
-    "head": {
-      "dense": {"kernel": T(c["head.dense.weight"])},
-      "norm": {"scale": c["head.norm.weight"]},
-    },
-    "decoder": {"bias": c["decoder.bias"]},
-  }
+
+  return _modernbert(split)
 
 
 def gemma2_library():
