@@ -218,7 +218,7 @@ def test_match_takes_hints_and_a_config(tmp_path):
   fused = str(tmp_path / "qkv.safetensors")
   r = run_cli("match", fused, "--target", "cli_targets:fused", cwd=tmp_path)
   assert r.returncode == 1 and '# "attn.qkv": "contiguous",' in r.stderr
-  assert "a name or a layout as --hint KEY=VALUE" in r.stderr
+  assert "a name, a layout or a stack's layers as --hint KEY=VALUE" in r.stderr
   r = run_cli(
     "match", fused, "--target", "cli_targets:fused", "--hint", "attn.qkv=contiguous", cwd=tmp_path
   )
@@ -350,3 +350,24 @@ def test_the_json_type_is_always_ours_and_a_foreign_cause_is_named(tmp_path):
   assert r.returncode == 1 and data["type"] == "ParamRegError" and data["cause"] == "RuntimeError"
   assert "RuntimeError: the model broke" in data["error"]
   assert issubclass(getattr(prj, data["type"]), Exception)
+
+
+@pytest.mark.parametrize(
+  "text, hint",
+  [
+    ("decoder/moe_layers=range(1, 61)", range(1, 61)),
+    ("moe_layers=range(1,48,2)", range(1, 48, 2)),
+    ("moe_layers=(0, 2, 5)", (0, 2, 5)),
+    ("moe_layers=[3]", (3,)),
+    ("layers/attn_norm/scale=input_layernorm", "input_layernorm"),
+    ("blocks.{i}.attn.qkv=contiguous", "contiguous"),
+    ("x=range(1, 2, 0)", "range(1, 2, 0)"),  # no step 0: a name, refused as one
+  ],
+)
+def test_a_hint_on_the_command_line_is_what_match_takes(text, hint):
+  import argparse
+
+  from paramreg_jax._src.cli import commands
+
+  (got,) = commands._hints(argparse.Namespace(hint=[text]), {}).values()
+  assert got == hint and type(got) is type(hint)

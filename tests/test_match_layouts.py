@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 
+import jax
 import numpy as np
 import pytest
 from abstract import sds as _sds
@@ -231,3 +232,188 @@ def test_heads_split_and_permuted_without_a_config_read_the_leafs_own_axes():
   np.testing.assert_array_equal(
     a["attn_vec_einsum"]["w"], ck[at + "self_attn.o_proj.weight"].T.reshape(h, d, width)
   )
+
+
+# --- stacks that hold the checkpoint's layers between them -------------------------------------
+
+
+def _mixed(moe, n, axis, stacks=("dense_layers", "moe_layers"), first=1):
+  """A checkpoint of ``n`` layers, those in ``moe`` a mixture of 3 experts with a router, the
+  rest a dense MLP; and the tree a model that stacks its dense and its MoE layers apart keeps
+  (layers on ``axis``: 1 as MaxText, 0 as ``nnx.scan``), built from it by hand."""
+  ck = {}
+  for i in range(n):
+    p = f"model.layers.{i}."
+    ck[p + "self_attn.q_proj.weight"] = _rand(16, 8)
+    ck[p + "input_layernorm.weight"] = _rand(8)
+    if i in moe:
+      ck[p + "mlp.gate.weight"] = _rand(3, 8)
+      for e in range(3):
+        ck[p + f"mlp.experts.{e}.gate_proj.weight"] = _rand(6, 8)
+        ck[p + f"mlp.experts.{e}.down_proj.weight"] = _rand(8, 6)
+    else:
+      ck[p + "mlp.gate_proj.weight"] = _rand(12, 8)
+      ck[p + "mlp.down_proj.weight"] = _rand(8, 12)
+
+  def stack(layers, name, experts=False):
+    if experts:  # [E, L, ...] (MaxText) or [L, E, ...]
+      per = [
+        np.stack([ck[f"model.layers.{i}.mlp.experts.{e}.{name}"].T for e in range(3)])
+        for i in layers
+      ]
+      return np.stack(per, axis=1 if axis == 1 else 0)
+    per = [ck[f"model.layers.{i}.{name}"] for i in layers]
+    per = [w.T if w.ndim == 2 else w for w in per]
+    return np.stack(per, axis=axis)
+
+  def common(layers):
+    return {
+      "attn": {"q": {"kernel": stack(layers, "self_attn.q_proj.weight")}},
+      "pre_norm": {"scale": stack(layers, "input_layernorm.weight")},
+    }
+
+  def dense_mlp(layers):
+    return {
+      "wi_0": {"kernel": stack(layers, "mlp.gate_proj.weight")},
+      "wo": {"kernel": stack(layers, "mlp.down_proj.weight")},
+    }
+
+  dense = [i for i in range(n) if i not in moe]
+  if not moe:  # one kind of layer, the ``first`` in one stack, the rest in the other
+    return ck, {
+      stacks[0]: {**common(dense[:first]), "mlp": dense_mlp(dense[:first])},
+      stacks[1]: {**common(dense[first:]), "mlp": dense_mlp(dense[first:])},
+    }
+  expect = {
+    stacks[0]: {**common(dense), "mlp": dense_mlp(dense)},
+    stacks[1]: {
+      **common(moe),
+      "moe": {
+        "gate": {"kernel": stack(moe, "mlp.gate.weight")},
+        "wi_0": stack(moe, "gate_proj.weight", experts=True),
+        "wo": stack(moe, "down_proj.weight", experts=True),
+      },
+    },
+  }
+  return ck, expect
+
+
+def _target(expect):
+  return jax.tree.map(lambda x: _sds(x.shape), expect)
+
+
+def _assert_restores(expect, ck, m):
+  got = prj.restore(_target(expect), MemorySource(ck), recipes=m)
+  for (path, want), leaf in zip(
+    jax.tree_util.tree_flatten_with_path(expect)[0], jax.tree.leaves(got), strict=True
+  ):
+    np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize(
+  "moe, n",
+  [
+    ((1, 2), 3),  # DeepSeek: the first layer dense (sizes alone say which stack is which)
+    ((1, 3), 4),  # Llama 4: every other layer MoE (two stacks of 2: the tensors say it)
+    ((0, 1, 3), 5),  # no pattern at all
+  ],
+)
+def test_stacks_that_split_the_layers_each_take_their_own(moe, n, axis):
+  ck, expect = _mixed(moe, n, axis)
+  m = prj.match(_target(expect), MemorySource(ck))
+  _assert_restores(expect, ck, m)
+
+
+def test_a_single_layer_tensor_is_stacked_in_its_one_layer_stack():
+  """DeepSeek's one dense layer: its ``mlp.gate_proj`` is in layer 0 only, and the stack of
+  one layer is that layer's stack (not a reshape of a tensor outside the layers, which reads
+  the same values and made it a question between the two)."""
+  ck, expect = _mixed((1, 2), 3, 1)
+  m = prj.match(_target(expect), MemorySource(ck))
+  why = {t: reason for t, _, reason in m.rows()}
+  assert why["dense_layers/mlp/wi_0/kernel"].endswith("stacked 1 layers on axis 1"), why
+
+
+def test_layers_alike_in_every_stack_are_asked_and_a_share_hint_settles_them():
+  """Four layers alike, in a stack of one and a stack of three: nothing says which layer is
+  where, so the refusal names the stacks and a hint to paste; the hint gives each its own."""
+  ck, expect = _mixed((), 4, 0, stacks=("early_layers", "late_layers"))
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(_target(expect), MemorySource(ck))
+  msg = str(info.value)
+  assert (
+    "the target's stacks 'early_layers' (1), 'late_layers' (3) hold the checkpoint's 4 layers between them, "
+    "and no grouping of its layers by their tensors fits the stacks' sizes: pass which layers "
+    "each holds, e.g. hints={'early_layers': range(0, 1), 'late_layers': range(1, 4)} if they hold them in "
+    "that order"
+  ) in msg, msg
+  hints = {"early_layers": range(0, 1), "late_layers": range(1, 4)}
+  _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck), hints=hints))
+  # one stack's share says the other's: the rest
+  _assert_restores(
+    expect, ck, prj.match(_target(expect), MemorySource(ck), hints={"early_layers": [0]})
+  )
+
+
+def test_stacks_that_fit_either_way_are_asked_with_each_way_as_hints():
+  """Two stacks of two alike layers, the last two with a tensor neither stack has: both ways
+  find every leaf its tensors, so both are offered as hints to paste, and neither is picked
+  (with the right one, what is left is the tensor the target does not have)."""
+  ck, expect = _mixed((), 4, 0, stacks=("a_layers", "b_layers"), first=2)
+  ck |= {f"model.layers.{i}.mlp.extra.weight": _rand(8) for i in (2, 3)}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(_target(expect), MemorySource(ck))
+  assert info.value.problems == (
+    "the target's stacks 'a_layers' (2), 'b_layers' (2) hold the checkpoint's 4 layers between "
+    "them, and nothing says which layers each holds: pass one of "
+    "hints={'a_layers': range(0, 2), 'b_layers': range(2, 4)} or "
+    "hints={'a_layers': range(2, 4), 'b_layers': range(0, 2)}",
+  )
+  hints = {"a_layers": range(0, 2), "b_layers": range(2, 4)}
+  with pytest.raises(prj.MatchError, match="layer tensors the target does not use") as info:
+    prj.match(_target(expect), MemorySource(ck), hints=hints)
+  assert "mlp.extra" in str(info.value)
+  _assert_restores(expect, ck, info.value.partial)
+
+
+@pytest.mark.parametrize(
+  "hints, problem",
+  [
+    (
+      {"dense_layer": range(0, 1)},
+      "hint for 'dense_layer': range(0, 1) gives a stack of layers its checkpoint layers, but "
+      "'dense_layer' is not one of the target's stacks (they are: 'dense_layers', "
+      "'moe_layers'); did you mean 'dense_layers'?",
+    ),
+    (
+      {"moe_layers": range(1, 2)},
+      "hint for 'moe_layers': the stack holds 2 layers, the hint gives 1 (range(1, 2))",
+    ),
+    (
+      {"moe_layers": (1, 1)},
+      "hint for 'moe_layers': (1, 1) is not 2 distinct layers of the checkpoint's 3 (0..2)",
+    ),
+    (
+      {"moe_layers": [2, 3]},
+      "hint for 'moe_layers': [2, 3] is not 2 distinct layers of the checkpoint's 3 (0..2)",
+    ),
+    (
+      {"dense_layers": [1], "moe_layers": [1, 2]},
+      "hints for 'dense_layers' and 'moe_layers' both take checkpoint layer 1",
+    ),
+  ],
+)
+def test_a_share_hint_that_does_not_fit_is_refused_by_name(hints, problem):
+  ck, expect = _mixed((1, 2), 3, 1)
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(_target(expect), MemorySource(ck), hints=hints)
+  assert info.value.problems == (problem,)
+
+
+def test_a_share_hint_is_the_users_word_over_the_evidence():
+  """The layers' kinds say dense is layer 0; a hint that says otherwise is followed, and its
+  stack then finds no tensors of its own: refused, never restored from the wrong layers."""
+  ck, expect = _mixed((1, 2), 3, 1)
+  with pytest.raises(prj.MatchError, match="dense_layers/mlp/wi_0/kernel"):
+    prj.match(_target(expect), MemorySource(ck), hints={"dense_layers": [2]})

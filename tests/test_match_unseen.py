@@ -939,67 +939,87 @@ def wav2vec2_equinox():
   return "wav2vec2", e
 
 
+def _deepseek_layer(c, i):
+  """One DeepSeek-V3 layer as MaxText names it (see :func:`deepseek_maxtext`)."""
+  p = f"model.layers.{i}."
+  a = p + "self_attn."
+  blk = {
+    "self_attention": {
+      "wq_a": {"kernel": T(c[a + "q_a_proj.weight"])},
+      "q_norm": {"scale": c[a + "q_a_layernorm.weight"]},
+      "wq_b": {"kernel": T(c[a + "q_b_proj.weight"])},
+      "wkv_a": {"kernel": T(c[a + "kv_a_proj_with_mqa.weight"])},
+      "kv_norm": {"scale": c[a + "kv_a_layernorm.weight"]},
+      "wkv_b": {"kernel": T(c[a + "kv_b_proj.weight"])},
+      "out": {"kernel": T(c[a + "o_proj.weight"])},
+    },
+    "pre_self_attention_layer_norm": {"scale": c[p + "input_layernorm.weight"]},
+    "post_self_attention_layer_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
+  }
+  if i == 0:
+    blk["mlp"] = {
+      "wi_0": {"kernel": T(c[p + "mlp.gate_proj.weight"])},
+      "wi_1": {"kernel": T(c[p + "mlp.up_proj.weight"])},
+      "wo": {"kernel": T(c[p + "mlp.down_proj.weight"])},
+    }
+    return blk
+
+  def ex(n):
+    return np.ascontiguousarray(
+      np.stack([c[p + f"mlp.experts.{e}.{n}.weight"].T for e in range(4)])
+    )
+
+  blk["DeepSeekMoeBlock_0"] = {
+    "MoeBlock_0": {
+      "gate": {
+        "kernel": T(c[p + "mlp.gate.weight"]),
+        "bias": c[p + "mlp.gate.e_score_correction_bias"],
+      },
+      "wi_0": ex("gate_proj"),
+      "wi_1": ex("up_proj"),
+      "wo": ex("down_proj"),
+    },
+    "shared_experts": {
+      "wi_0": {"kernel": T(c[p + "mlp.shared_experts.gate_proj.weight"])},
+      "wi_1": {"kernel": T(c[p + "mlp.shared_experts.up_proj.weight"])},
+      "wo": {"kernel": T(c[p + "mlp.shared_experts.down_proj.weight"])},
+    },
+  }
+  return blk
+
+
+def _deepseek_outside(c, decoder):
+  return {
+    "token_embedder": {"embedding": c["model.embed_tokens.weight"]},
+    "decoder": {
+      **decoder,
+      "decoder_norm": {"scale": c["model.norm.weight"]},
+      "logits_dense": {"kernel": T(c["lm_head.weight"])},
+    },
+  }
+
+
 def deepseek_maxtext():
   """MaxText's DeepSeek-V3 names: latent attention ``wq_a``/``wkv_a``/``wkv_b`` beside
   ``q_norm``/``kv_norm``, a dense first layer, then ``DeepSeekMoeBlock_0/MoeBlock_0`` (the router
   ``gate`` with the score-correction bias, experts stacked ``wi_0``/``wi_1``/``wo``) and
   ``shared_experts``."""
   c = ld("deepseek_v3")
-  layers = []
-  for i in range(3):
-    p = f"model.layers.{i}."
-    a = p + "self_attn."
-    blk = {
-      "self_attention": {
-        "wq_a": {"kernel": T(c[a + "q_a_proj.weight"])},
-        "q_norm": {"scale": c[a + "q_a_layernorm.weight"]},
-        "wq_b": {"kernel": T(c[a + "q_b_proj.weight"])},
-        "wkv_a": {"kernel": T(c[a + "kv_a_proj_with_mqa.weight"])},
-        "kv_norm": {"scale": c[a + "kv_a_layernorm.weight"]},
-        "wkv_b": {"kernel": T(c[a + "kv_b_proj.weight"])},
-        "out": {"kernel": T(c[a + "o_proj.weight"])},
-      },
-      "pre_self_attention_layer_norm": {"scale": c[p + "input_layernorm.weight"]},
-      "post_self_attention_layer_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
-    }
-    if i == 0:
-      blk["mlp"] = {
-        "wi_0": {"kernel": T(c[p + "mlp.gate_proj.weight"])},
-        "wi_1": {"kernel": T(c[p + "mlp.up_proj.weight"])},
-        "wo": {"kernel": T(c[p + "mlp.down_proj.weight"])},
-      }
-    else:
+  return "deepseek_v3", _deepseek_outside(c, {"layers": [_deepseek_layer(c, i) for i in range(3)]})
 
-      def ex(n):
-        return np.ascontiguousarray(
-          np.stack([c[p + f"mlp.experts.{e}.{n}.weight"].T for e in range(4)])
-        )
 
-      blk["DeepSeekMoeBlock_0"] = {
-        "MoeBlock_0": {
-          "gate": {
-            "kernel": T(c[p + "mlp.gate.weight"]),
-            "bias": c[p + "mlp.gate.e_score_correction_bias"],
-          },
-          "wi_0": ex("gate_proj"),
-          "wi_1": ex("up_proj"),
-          "wo": ex("down_proj"),
-        },
-        "shared_experts": {
-          "wi_0": {"kernel": T(c[p + "mlp.shared_experts.gate_proj.weight"])},
-          "wi_1": {"kernel": T(c[p + "mlp.shared_experts.up_proj.weight"])},
-          "wo": {"kernel": T(c[p + "mlp.shared_experts.down_proj.weight"])},
-        },
-      }
-    layers.append(blk)
-  return "deepseek_v3", {
-    "token_embedder": {"embedding": c["model.embed_tokens.weight"]},
-    "decoder": {
-      "layers": layers,
-      "decoder_norm": {"scale": c["model.norm.weight"]},
-      "logits_dense": {"kernel": T(c["lm_head.weight"])},
-    },
-  }
+def deepseek_maxtext_scanned():
+  """MaxText's DeepSeek-V3 as it trains it, scanned: the dense layer in ``dense_layers``, the
+  MoE ones in ``moe_layers``, each leaf with its stack's layers on axis 1
+  (``param_scan_axis``; experts ``[E, L, ...]``)."""
+  c = ld("deepseek_v3")
+
+  def scanned(layers):
+    blocks = [_deepseek_layer(c, i) for i in layers]
+    return jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs, axis=1)), *blocks)
+
+  decoder = {"dense_layers": scanned([0]), "moe_layers": scanned([1, 2])}
+  return "deepseek_v3", _deepseek_outside(c, decoder)
 
 
 def qwen2_moe_nnx():
@@ -1210,6 +1230,7 @@ MAPPED = {
     resnet_flax,
     siglip_bigvision,
     deepseek_maxtext,
+    deepseek_maxtext_scanned,
     qwen2_moe_nnx,
     modernbert_fused,
     modernbert_split,
@@ -1245,6 +1266,25 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
   target = _target(expect)
   m = prj.match(target, src)
   _assert_restores(expect, target, src, m)
+
+
+# the cases that map without their config.json too (what names and shapes alone say)
+WITHOUT_CONFIG = (
+  "deepseek_maxtext",
+  "deepseek_maxtext_scanned",
+  "qwen2_moe_nnx",
+  "modernbert_fused",
+  "phi_haiku",
+  "mamba_flax",
+)
+
+
+@pytest.mark.parametrize("case", WITHOUT_CONFIG)
+def test_maps_without_its_config_and_every_leaf_is_the_hand_conversion(case):
+  name, expect = MAPPED[case]()
+  src = prj.MemorySource(ld(name))
+  target = _target(expect)
+  _assert_restores(expect, target, src, prj.match(target, src))
 
 
 @pytest.mark.parametrize("case", sorted(ASKED))

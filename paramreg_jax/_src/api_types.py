@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Literal
@@ -35,8 +36,9 @@ drops the key)."""
 Exclude: TypeAlias = "Iterable[str] | Callable[[str], bool] | str"
 """Globs over canonical names (``"head/**"``), or a predicate on names."""
 
-Hints: TypeAlias = "Mapping[str, str | Recipe]"
-"""Target name -> a checkpoint name (or a part that names it in every layer) or a recipe."""
+Hints: TypeAlias = "Mapping[str, str | Recipe | range | Sequence[int]]"
+"""Target name -> a checkpoint name (or a part that names it in every layer) or a recipe; a
+fused checkpoint tensor -> its layout; a target stack -> the checkpoint layers it holds."""
 
 DtypePolicy: TypeAlias = Literal["exact", "cast"]
 """``"exact"``: a dtype difference is an error; ``"cast"``: convert."""

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -168,8 +169,22 @@ def _hints(args: argparse.Namespace, hints: dict[str, Any]) -> dict[str, Any]:
         f"--hint {text!r}: expected TARGET_NAME=CHECKPOINT_NAME, e.g. "
         "--hint layers/attn_norm/scale=input_layernorm"
       )
-    hints[name.strip()] = key.strip()
+    hints[name.strip()] = _share(key.strip()) or key.strip()
   return hints
+
+
+_RANGE = re.compile(r"^range\(\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*([1-9]\d*)\s*)?\)$")
+_NUMBERS = re.compile(r"^[\[(]\s*\d+(?:\s*,\s*\d+)*\s*,?\s*[\])]$")
+
+
+def _share(text: str) -> range | tuple[int, ...] | None:
+  """A stack's checkpoint layers as ``--hint`` writes them (``range(1, 61)``, ``(0, 2)``), as
+  ``match`` takes them; None for any other hint."""
+  if m := _RANGE.match(text):
+    return range(int(m.group(1)), int(m.group(2)), int(m.group(3) or 1))
+  if _NUMBERS.match(text):
+    return tuple(int(n) for n in re.findall(r"\d+", text))
+  return None
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -171,8 +171,9 @@ def _add_match_options(p: argparse.ArgumentParser) -> None:
     action="append",
     metavar="TARGET=CHECKPOINT",
     help="settle a parameter by a checkpoint name or part of one, in every layer "
-    "(e.g. layers/attn_norm/scale=input_layernorm), or a fused tensor's layout "
-    "(e.g. blocks.{i}.attn.qkv=contiguous); repeatable",
+    "(e.g. layers/attn_norm/scale=input_layernorm), a fused tensor's layout "
+    "(e.g. blocks.{i}.attn.qkv=contiguous), or the checkpoint layers a stack holds "
+    "(e.g. decoder/moe_layers='range(1, 61)'); repeatable",
   )
   p.add_argument(
     "--config",

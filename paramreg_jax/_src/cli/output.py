@@ -22,7 +22,8 @@ def problems(args: argparse.Namespace, headline: str, error: Any) -> int:
       print(f"  - {p}", file=sys.stderr)
     if literal and literal != "hints = {\n}":
       print(
-        "Choose one line per entry: a name or a layout as --hint KEY=VALUE, a recipe in the "
+        "Choose one line per entry: a name, a layout or a stack's layers as --hint "
+        "KEY=VALUE, a recipe in the "
         "--target function's 'recipes':\n" + literal,
         file=sys.stderr,
       )

@@ -7,6 +7,7 @@ equinox's) is what its shapes say; a square one nothing orients is a question.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from paramreg_jax._src.match.evidence import Checkpoint
@@ -93,10 +94,12 @@ def scan_axis(
   """Where the target's stacked leaves keep their layers: 0 (``nnx.scan``, ``nn.scan``'s
   default) or 1 (MaxText's ``param_scan_axis``, experts in front), as every stacked leaf
   (named ``layers``, or hinted one tensor per layer: ``per_layer``) whose sizes allow only one
-  reading says; None if none does or they disagree (both are then offered, and a leaf both
-  fit is a question, never a pick)."""
+  reading says, or, first, the one axis on which all the leaves of each stack have one size;
+  None if none does or they disagree (both are then offered, and a leaf both fit is a
+  question, never a pick)."""
   counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()}
   votes = set()
+  by_stack: dict[str, set[tuple[int, ...]]] = {}
   for slot in slots:
     tc, shape = concepts(slot.name), tuple(slot.shape)
     stacked = slot.name in per_layer or (not tc.indices and "layers" in tc.tokens)
@@ -105,6 +108,18 @@ def scan_axis(
     fits = [a for a in (0, 1) if shape[a] in counts]
     if len(fits) == 1:
       votes.add(fits[0])
+    root = stack_root(slot.name, ck)
+    if root is not None:
+      by_stack.setdefault(root, set()).add(shape)
+  # a stack keeps its layers where all its leaves have one size: the stronger word (a stack
+  # may hold some of the layers only, and an expert count may equal the layer count)
+  same = set()
+  for shapes in by_stack.values():
+    one = [a for a in (0, 1) if len({s[a] for s in shapes}) == 1]
+    if len(one) == 1:
+      same.add(one[0])
+  if same:
+    return same.pop() if len(same) == 1 else None
   return votes.pop() if len(votes) == 1 else None
 
 
@@ -130,6 +145,69 @@ def stacks(slots: list[Any], ck: Checkpoint) -> frozenset[str]:
     p for p, ls in leads.items() if sizes[p] >= 2 and len(ls) == 1 and next(iter(ls)) in counts
   }
   return frozenset(p for p in found if not any(p.startswith(q + "/") for q in found))
+
+
+def stack_root(name: str, ck: Checkpoint) -> str | None:
+  """The subtree of a stacked target leaf that holds its layers (``decoder/moe_layers``,
+  a stack :func:`stacks` found), or None for a leaf no stack holds."""
+  for p in ck.stacks:
+    if name.startswith(f"{p}/"):
+      return p
+  tc = concepts(name)
+  if tc.indices or "layers" not in tc.tokens:
+    return None
+  parts = name.split("/")
+  for j in range(1, len(parts)):
+    if "layers" in concepts(parts[j - 1]).tokens:
+      return "/".join(parts[:j])
+  return None
+
+
+def layer_splits(
+  slots: list[Any], ck: Checkpoint
+) -> tuple[dict[str, int], int, list[dict[str, tuple[int, ...]]] | None]:
+  """The target's stacks (``{root: layers it holds}``), the checkpoint's layer count, and,
+  where two or more stacks hold the checkpoint's layers between them (MaxText's DeepSeek:
+  ``dense_layers`` then ``moe_layers``; Llama 4's interleaved ones), every way to give each
+  stack its layers: the checkpoint's layers alike in their tensors (names and shapes) go to
+  one stack together, and each stack gets as many as it holds; layers keep their order in a
+  stack. None where the stacks are no such split (one stack, or each holds every layer)."""
+  if ck.scan_axis is None:
+    return {}, 0, None
+  sizes: dict[str, set[int]] = {}
+  for slot in slots:
+    root = stack_root(slot.name, ck)
+    shape = tuple(slot.shape)
+    if root is None:
+      continue
+    axis = 0 if root in ck.stacks else ck.scan_axis
+    if len(shape) > axis:
+      sizes.setdefault(root, set()).add(shape[axis])
+  roots = {r: next(iter(s)) for r, s in sizes.items() if len(s) == 1}
+  signature: dict[int, set[tuple[frozenset[str], str, tuple[int, ...]]]] = {}
+  for k, c in ck.concepts.items():
+    if c.indices:
+      signature.setdefault(c.indices[0], set()).add((c.tokens, c.kind, ck.shapes[k]))
+  count = len(signature)
+  split = len(roots) >= 2 and len(roots) == len(sizes) and sum(roots.values()) == count
+  if not split or set(signature) != set(range(count)):
+    return roots, count, None
+  alike: dict[frozenset[Any], list[int]] = {}
+  for i in range(count):
+    alike.setdefault(frozenset(signature[i]), []).append(i)
+  groups = list(alike.values())
+  if len(groups) > _MOST_GROUPS or len(roots) ** len(groups) > 4096:
+    return roots, count, []
+  options = []
+  names = list(roots)
+  for owners in itertools.product(names, repeat=len(groups)):
+    held = {r: sorted(i for g, o in zip(groups, owners) if o == r for i in g) for r in names}
+    if all(len(held[r]) == roots[r] for r in names):
+      options.append({r: tuple(held[r]) for r in names})
+  return roots, count, options
+
+
+_MOST_GROUPS = 8  # kinds of layers a checkpoint's split stacks are searched over
 
 
 def one_layer(shape: tuple[int, ...], tc: Concepts, ck: Checkpoint) -> tuple[int, ...] | None:

@@ -95,7 +95,8 @@ def candidates(
   for k in singles:
     out.extend(_single(tc, shape, k, ck, hinted))
   # a tensor that only one layer has (T5's relative position bias) may sit outside the layers
-  if not tc.indices and not hinted:
+  # (a stack that holds some of the layers stacks its own, one or more: below)
+  if not tc.indices and not hinted and ck.share(tc.name) is None:
     for k in ck.single_layer_keys:
       out.extend(_single(tc, shape, k, ck))
   # a fused target (qkv, gate_up) from its separate parts
@@ -263,16 +264,17 @@ def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> lis
   axis = ck.scan_axis
   if axis is None:
     return []  # where its layers are is not known: nothing to join them by
-  layers = shape[axis]
+  layers = ck.stack_layers(tc.name, shape[axis])
   per_layer = Concepts(tc.name, tc.tokens, (), tc.kind)
-  firsts = _joined(per_layer, shape[:axis] + shape[axis + 1 :], ck.by_layer.get((0,), []), ck)
+  item = shape[:axis] + shape[axis + 1 :]
+  firsts = _joined(per_layer, item, ck.by_layer.get((layers[0],), []), ck)
   if not firsts:
     return []
   first = firsts[0]
   src = ck.concepts
   template = {src[k].tokens: k for k in first.keys}
   keys_by_layer = []
-  for i in range(layers):
+  for i in layers:
     at = {src[k].tokens: k for k in ck.by_layer.get((i,), []) if src[k].kind == tc.kind}
     if not all(t in at for t in template):
       return []
@@ -289,7 +291,7 @@ def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> lis
     return ops.stack(layer_recipes, axis=axis)
 
   all_keys = tuple(k for keys in keys_by_layer for k in keys)
-  reason = f"{first.reason}, stacked {layers} layers"
+  reason = f"{first.reason}, stacked {len(layers)} layers"
   return [Candidate(first.score, all_keys, reason, build)]
 
 
@@ -437,8 +439,14 @@ def _stacked(
       # a leaf not named as stacked (a hint's) is stacked on axis 1 only where the target says
       scan = ck.scan_axis if ck.scan_axis is not None or "layers" in tc.tokens else 0
       for axes in _placements(levels, scan, depth):
-        grid = list(itertools.product(*(range(shape[a]) for a in axes)))
-        if sorted(entries) != grid:
+        held = [
+          ck.stack_layers(tc.name, shape[a]) if lv == "layers" else range(shape[a])
+          for a, lv in zip(axes, levels)
+        ]
+        grid = list(itertools.product(*held))
+        # a stack that holds some of the layers takes its own; any other, every tensor
+        split = levels[0] == "layers" and ck.share(tc.name) is not None
+        if sorted(ix for ix in entries if not split or ix[0] in held[0]) != grid:
           continue
         keys = [entries[ix] for ix in grid]
         out.extend(_stacked_items(per_item, shape, axes, levels, keys, ck, hinted))

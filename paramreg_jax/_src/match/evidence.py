@@ -230,6 +230,13 @@ class Checkpoint:
   numbered: tuple[tuple[str, str], ...] = ()
   # ``{fused key: (layout, head size or None)}``: what the user's layout hints say
   layouts: dict[str, tuple[str, int | None]] = dataclasses.field(default_factory=dict)
+  # ``{target stack: the checkpoint layers it holds, in order}`` where two or more stacks
+  # hold the layers between them (``axes.layer_splits``); a stack not named holds them all
+  layer_sets: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+  # the problem when such stacks cannot be given their layers, and those stacks (their
+  # leaves' own problems follow from it: not listed)
+  split_problem: str | None = None
+  unsplit: tuple[str, ...] = ()
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
@@ -248,7 +255,23 @@ class Checkpoint:
       self.towers,
       self.stacks,
       self.numbered,
+      self.layouts,
+      self.layer_sets,
     )
+
+  def stack_layers(self, name: str, size: int) -> tuple[int, ...]:
+    """The checkpoint layers a stacked target leaf of ``size`` layers holds, in order: its
+    stack's share where stacks split the layers, else the first ``size``."""
+    share = self.share(name)
+    return share if share is not None and len(share) == size else tuple(range(size))
+
+  def share(self, name: str) -> tuple[int, ...] | None:
+    """The layers of a stack that holds some of the checkpoint's (``layer_sets``), for a
+    leaf in it; None for any other leaf."""
+    for root, layers in self.layer_sets.items():
+      if name.startswith(f"{root}/"):
+        return layers
+    return None
 
   @functools.cached_property
   def by_layer(self) -> dict[tuple[int, ...], list[str]]:
@@ -363,11 +386,17 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   checkpoint's model type says so or the target's MLP has a norm of its own too (a pre- or
   post-norm: ``pre_ffw_norm``, ``post_feedforward_layernorm``, as Gemma 2 and OLMo 2 have).
   A stack the checkpoint does not have (MaxText's ``decoder/`` over a decoder-only model)
-  says nothing."""
+  says nothing, nor the words of a stack that holds some of the layers (``moe_layers``):
+  they say which layers, not which parameter."""
   facts = ck.facts
   c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
   if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (axes.stacks)
     c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
+  for root in ck.layer_sets:  # a stack of some layers: its name says their kind (moe_layers)
+    if name.startswith(f"{root}/"):
+      kind = concepts(root.rsplit("/", 1)[-1]).tokens - {"layers", "w"}
+      rest = concepts(name[len(root) + 1 :]).tokens
+      c = dataclasses.replace(c, tokens=c.tokens - (kind - rest))
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))
   if _POST_ATTN.search(name) and (

@@ -109,6 +109,76 @@ def layouts(
   return out
 
 
+def is_share(hint: Any) -> bool:
+  """Whether a hint's value gives a stack its checkpoint layers (``range(1, 61)``, or the
+  layer numbers, ``(0, 2, 4)``)."""
+  if isinstance(hint, range):
+    return True
+  return (
+    isinstance(hint, (tuple, list))
+    and bool(hint)
+    and all(isinstance(i, int) and not isinstance(i, bool) for i in hint)
+  )
+
+
+def split_shares(hints: dict[Any, Any]) -> tuple[dict[Any, Any], dict[str, Any]]:
+  """``(the other hints, the layer shares)``: a share is keyed by a target stack (the subtree
+  that holds some of the checkpoint's layers: ``"decoder/moe_layers"``) and valued by its
+  layers (:func:`is_share`)."""
+  shares = {str(k).removeprefix("n:"): v for k, v in hints.items() if is_share(v)}
+  return {k: v for k, v in hints.items() if not is_share(v)}, shares
+
+
+def shares(given: dict[str, Any], roots: dict[str, int], count: int) -> dict[str, tuple[int, ...]]:
+  """``{stack: its layers}`` of the share hints ``given``, each checked against the target's
+  stacks (``roots``: ``{stack: layers it holds}``) and the checkpoint's ``count`` layers."""
+  out: dict[str, tuple[int, ...]] = {}
+  bad = []
+  for key, hint in given.items():
+    layers = tuple(hint)
+    if key not in roots:
+      stacks = ", ".join(repr(r) for r in roots) or "none"
+      bad.append(
+        f"hint for {key!r}: {hint!r} gives a stack of layers its checkpoint layers, but "
+        f"{key!r} is not one of the target's stacks (they are: {stacks})"
+        f"{errors.did_you_mean(key, list(roots))}"
+      )
+    elif len(layers) != roots[key]:
+      bad.append(
+        f"hint for {key!r}: the stack holds {roots[key]} layers, the hint gives "
+        f"{len(layers)} ({hint!r})"
+      )
+    elif len(set(layers)) != len(layers) or not all(0 <= i < count for i in layers):
+      bad.append(
+        f"hint for {key!r}: {hint!r} is not {len(layers)} distinct layers of the "
+        f"checkpoint's {count} (0..{count - 1})"
+      )
+    else:
+      out[key] = layers
+  taken: dict[int, str] = {}
+  for key, layers in out.items():
+    for i in layers:
+      if i in taken:
+        bad.append(f"hints for {taken[i]!r} and {key!r} both take checkpoint layer {i}")
+      taken.setdefault(i, key)
+  if bad:
+    raise errors.MatchError(
+      errors.collected("use the hints", bad, "nothing was chosen"), tuple(bad)
+    )
+  return out
+
+
+def share_literal(layers: tuple[int, ...]) -> str:
+  """A share as a hint's value: ``range(1, 61)`` where the layers are evenly spaced (``range(
+  1, 48, 2)``), else their numbers."""
+  if len(layers) > 1:
+    step = layers[1] - layers[0]
+    if step > 0 and all(b - a == step for a, b in zip(layers, layers[1:])):
+      end = layers[-1] + 1
+      return f"range({layers[0]}, {end})" if step == 1 else f"range({layers[0]}, {end}, {step})"
+  return f"range({layers[0]}, {layers[0] + 1})" if len(layers) == 1 else repr(layers)
+
+
 def layer_template(name: str) -> str:
   """``name`` with its first layer number as ``{i}`` (``model.layers.{i}.attn.qkv``): the
   key of a hint that stands for every layer."""

@@ -52,7 +52,10 @@ def match(
       (``"layers_{i}/norm/scale"``) serves every per-layer module. A fused checkpoint tensor's
       layout is a hint keyed by that tensor or its module, ``{"blocks.{i}.attn.qkv":
       "contiguous"}`` (or ``"per_head"``, ``"per_head:64"`` with its head size,
-      ``"grouped"``, ``"blocked_qvk4"``). A hint settles the leaf it names and only that: the
+      ``"grouped"``, ``"blocked_qvk4"``). The checkpoint layers of a stack that holds some of
+      them (MaxText's ``dense_layers`` beside ``moe_layers``) are a hint keyed by the stack,
+      ``{"decoder/moe_layers": range(1, 61)}`` (or the layer numbers, ``(1, 3, 5)``), where
+      the layers' tensors do not say it. A hint settles the leaf it names and only that: the
       others are decided by the same rules (a kernel's module decides its bias), a tensor a
       hint uses is never given to another leaf by elimination, and ``Match.hint_effects``
       lists what the hints changed elsewhere.
@@ -94,12 +97,13 @@ def match(
   _check_hints(hints)
   keys = list(source.keys())
   names = [s.name for s in slots]
-  rest, layout_hints = hints_lib.split_layouts(dict(hints or {}), names)
+  rest, share_hints = hints_lib.split_shares(dict(hints or {}))
+  rest, layout_hints = hints_lib.split_layouts(rest, names)
   given = hints_lib.expand(rest, names)
   per_layer = frozenset(n for n, h in given.items() if isinstance(h, str) and "{i}" in h)
   # a counter no parameter stands for (num_batches_tracked) is not evidence: left unused
   weights = [k for k in keys if not vocabulary.bookkeeping(k)]
-  ck = _read_checkpoint(slots, source, weights, config, frozenset(given), per_layer)
+  ck = _read_checkpoint(slots, source, weights, config, frozenset(given), per_layer, share_hints)
   ck.layouts = hints_lib.layouts(layout_hints, given, ck)
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
@@ -207,7 +211,7 @@ def _decide(
   ck.towers = decide.align_towers(slots, ranked, proposals, frozenset(name_hints), ck)
   if ck.towers:  # each tower's leaves again, among their own tower's tensors
     ranked = _ranked(slots, ck, proposals, name_hints, roles)
-  problems = [ck.conflict] if ck.conflict else []
+  problems = [p for p in (ck.conflict, ck.split_problem) if p]
   problems += [
     hints_lib.misfit(s, name_hints[s.name], ck)
     for s in slots
@@ -219,6 +223,9 @@ def _decide(
     slots, ranked, proposals, problems, ck, [k for k in ck.concepts if k not in used]
   )
   decide.cast_to_targets(slots, proposals, source)
+  # the leaves of stacks not given their layers: the one problem is which layers they hold
+  unsplit = tuple(f"{r}/" for r in ck.unsplit)
+  problems = [x for x in problems if not any(h.startswith(unsplit) for h in refusal.heads(x))]
   return proposals, problems, ranked
 
 
@@ -312,10 +319,12 @@ def _read_checkpoint(
   config: Mapping[str, Any] | None,
   hinted: frozenset[str],
   per_layer: frozenset[str] = frozenset(),
+  shares: dict[str, Any] | None = None,
 ) -> evidence.Checkpoint:
   """Every key folded to concepts once, its shape, and the evidence (config, orientation;
   the orientation from the parameters no hint names; where the stacked leaves keep their
-  layers, from those named so and those a ``{i}`` hint stacks, ``per_layer``)."""
+  layers, from those named so and those a ``{i}`` hint stacks, ``per_layer``; which layers
+  each stack holds, where stacks split them, and the ``shares`` hints say some)."""
   if config is None:
     config = source.config
   if config is not None and not isinstance(config, Mapping):
@@ -336,4 +345,60 @@ def _read_checkpoint(
   ck.scan_axis = axes.scan_axis(slots, ck, per_layer | stacked)
   orientation = axes.linear_convention(slots, ck, hinted)
   ck.convention, ck.convention_by, ck.other_relation, ck.conflict = orientation
+  _split_layers(slots, ck, shares or {})
   return ck
+
+
+def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, Any]) -> None:
+  """Gives each of the target's stacks that hold the checkpoint's layers between them its
+  layers (``ck.layer_sets``): what the share hints ``given`` say, then the one way the
+  stacks' sizes and the layers' kinds allow, or of several the one under which most of the
+  stacks' leaves find a tensor, if one does; else a problem (``ck.split_problem``) with the
+  hints to choose from."""
+  roots, count, options = axes.layer_splits(slots, ck)
+  hinted = hints_lib.shares(given, roots, count)
+  if options is None and not hinted:
+    return
+  options = [o for o in options or [] if all(o[r] == ls for r, ls in hinted.items())]
+  left = [r for r in roots if r not in hinted]
+  rest = tuple(sorted(set(range(count)) - {i for ls in hinted.values() for i in ls}))
+  if not options and len(left) <= 1 and len(rest) == sum(roots[r] for r in left):
+    options = [{**hinted, **{r: rest for r in left}}]  # the hints say all, or all but one
+  names = [s.name for s in slots]
+  stacked = [s for s in slots if axes.stack_root(s.name, ck) in roots]
+
+  def found(option: dict[str, tuple[int, ...]]) -> int:
+    ck.layer_sets = option
+    return sum(
+      bool(cand_lib.candidates(evidence.target_concepts(s.name, names, ck), tuple(s.shape), ck))
+      for s in stacked
+    )
+
+  scores = [found(o) for o in options]
+  best = [o for o, n in zip(options, scores) if n == max(scores)]
+  ck.layer_sets = best[0] if len(best) == 1 else {}
+  if len(best) == 1:
+    return
+  ck.unsplit = tuple(roots)
+  held = ", ".join(f"{r!r} ({n})" for r, n in roots.items())
+  head = f"the target's stacks {held} hold the checkpoint's {count} layers between them, and "
+  if best:
+    ways = " or ".join(_share_hints(o) for o in best[:4])
+    ck.split_problem = head + f"nothing says which layers each holds: pass one of {ways}"
+  else:
+    order = {}
+    at = 0
+    for r, n in roots.items():
+      order[r] = tuple(range(at, at + n))
+      at += n
+    ck.split_problem = (
+      head + "no grouping of its layers by their tensors fits the stacks' sizes: pass which "
+      f"layers each holds, e.g. {_share_hints(order)} if they hold them in that order"
+    )
+
+
+def _share_hints(option: dict[str, tuple[int, ...]]) -> str:
+  """``hints={'decoder/dense_layers': range(0, 1), ...}``: the share hints of ``option``."""
+  return (
+    "hints={" + ", ".join(f"{r!r}: {hints_lib.share_literal(ls)}" for r, ls in option.items()) + "}"
+  )

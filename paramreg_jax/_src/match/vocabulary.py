@@ -364,11 +364,12 @@ def _words(
   where: list[tuple[int, int | None]] = []
   inside = False  # in a part of a layer since the last index
   staged = False  # the word before was a stage (layer2): this number is its block's
+  stacked = False  # under a stack of layers no number names (MaxText's ``moe_layers``)
   for n, raw in enumerate(shape):
     word = raw.lower()
     if n == 0 and word in noise:
       continue
-    container = _container(word, bool(where))
+    container = _container(word, bool(where) or stacked)
     if not where and is_stage(word):
       container = (word.rstrip("0123456789"),)
     if _SCANNED.match(raw):  # linen's nn.scan over a block: its layers on a leading axis
@@ -387,6 +388,7 @@ def _words(
     elif word:
       parts.append(word)
       inside = inside or (bool(where) and in_role(word))
+      stacked = stacked or "layers" in _fold((word,), False)[0]
     staged = False
   tokens, kind, bare = _fold(tuple(parts), bool(where))
   return tokens, kind, bare, tuple(where)
