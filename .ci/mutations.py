@@ -242,6 +242,20 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "without_the_evidence"),
   ),
   Mutation(
+    "split stacks: a stack of some layers takes every layer's tensors",
+    "paramreg_jax/_src/match/candidates.py",
+    'split = levels[0] == "layers" and ck.share(tc.name) is not None',
+    "split = False",
+    ("tests/test_match_layouts.py", "-k", "split_the_layers"),
+  ),
+  Mutation(
+    "split stacks: the first way the sizes allow, whatever the leaves find",
+    "paramreg_jax/_src/match/propose.py",
+    "  best = [o for o, n in zip(options, scores) if n == max(scores)]\n",
+    "  best = options[:1]\n",
+    ("tests/test_match_layouts.py", "-k", "split_the_layers or either_way"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
