@@ -417,3 +417,75 @@ def test_a_share_hint_is_the_users_word_over_the_evidence():
   ck, expect = _mixed((1, 2), 3, 1)
   with pytest.raises(prj.MatchError, match="dense_layers/mlp/wi_0/kernel"):
     prj.match(_target(expect), MemorySource(ck), hints={"dense_layers": [2]})
+
+
+def _grouped(axis, kinds=("sliding_attention", "full_attention")):
+  """Four layers, every other one sliding (``layer_types``), and a target whose every
+  stacked layer holds a local and a global one (``*_local``, ``*_global``), by hand."""
+  ck = {}
+  for i in range(4):
+    p = f"model.layers.{i}."
+    ck[p + "self_attn.q_proj.weight"] = _rand(16, 8)
+    ck[p + "mlp.gate_proj.weight"] = _rand(12, 8)
+    ck[p + "mlp.down_proj.weight"] = _rand(8, 12)
+    ck[p + "input_layernorm.weight"] = _rand(8)
+  config = {"model_type": "gemma2", "layer_types": [kinds[i % 2] for i in range(4)]}
+
+  def group(first):
+    def stack(name):
+      per = [ck[f"model.layers.{i}.{name}"] for i in (first, first + 2)]
+      return np.stack([w.T if w.ndim == 2 else w for w in per], axis=axis)
+
+    return {
+      "attn": {"q": {"kernel": stack("self_attn.q_proj.weight")}},
+      "mlp": {
+        "wi_0": {"kernel": stack("mlp.gate_proj.weight")},
+        "wo": {"kernel": stack("mlp.down_proj.weight")},
+      },
+      "norm": {"scale": stack("input_layernorm.weight")},
+    }
+
+  local, global_ = group(0), group(1)
+  layers = {f"{k}_local": v for k, v in local.items()} | {
+    f"{k}_global": v for k, v in global_.items()
+  }
+  return ck, config, {"layers": layers}
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_groups_in_a_stacked_layer_take_the_layers_of_their_kind(axis):
+  """MaxText's Gemma 2: the config's ``layer_types`` says which layers are sliding (local)
+  and which full (global); each group takes every other layer, by its word."""
+  ck, config, expect = _grouped(axis)
+  m = prj.match(_target(expect), MemorySource(ck), config=config)
+  _assert_restores(expect, ck, m)
+
+
+def test_groups_whose_words_say_nothing_of_the_layer_types_are_asked():
+  """Groups named ``_a``/``_b``: both ways find every tensor, nothing says which: asked."""
+  ck, config, expect = _grouped(0)
+  expect = {
+    "layers": {
+      k.replace("_local", "_a").replace("_global", "_b"): v for k, v in expect["layers"].items()
+    }
+  }
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(_target(expect), MemorySource(ck), config=config)
+  (problem,) = info.value.problems
+  assert "hints={'layers/*_a': range(0, 3, 2), 'layers/*_b': range(1, 4, 2)}" in problem, problem
+  hints = {"layers/*_a": range(0, 4, 2), "layers/*_b": range(1, 4, 2)}
+  m = prj.match(_target(expect), MemorySource(ck), config=config, hints=hints)
+  _assert_restores(expect, ck, m)
+
+
+@pytest.mark.parametrize(
+  "children",
+  [
+    ["attn_local", "attn_global", "mlp_local"],  # mlp_global missing: not the same names
+    ["attn_local", "attn_global", "mlp_local", "mlp_global", "norm"],  # one in no group
+    ["attn_local", "attn_global"],  # one name only: a word, not a group
+    ["layers_0", "layers_1", "mlp_0", "mlp_1"],  # numbers are places, not groups
+  ],
+)
+def test_no_groups_without_every_module_named_alike_but_for_a_word(children):
+  assert axes._groups({f"layers/{c}/w": "layers" for c in children}) == {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import pathlib
+import re
 
 import jax
 import numpy as np
@@ -1150,6 +1151,40 @@ def gemma2_library():
   return "gemma2", {"transformer": t}
 
 
+def gemma2_maxtext_scanned():
+  """Gemma 2 as MaxText trains it: each stacked layer holds a local (sliding-window) and a
+  global layer, as ``*_local`` and ``*_global`` modules (``self_attention_local/query``
+  ``[emb, heads, head_dim]``), layers on axis 1. Which is which: the config's
+  ``layer_types``."""
+  c = ld("gemma2")
+
+  def layer(i, suffix):
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    mlp = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
+    blk = {
+      "pre_self_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
+      "self_attention": {
+        "query": {"kernel": heads_in(c[a + "q_proj.weight"], 4)},
+        "key": {"kernel": heads_in(c[a + "k_proj.weight"], 2)},
+        "value": {"kernel": heads_in(c[a + "v_proj.weight"], 2)},
+        "out": {"kernel": heads_out(c[a + "o_proj.weight"], 4)},
+      },
+      "post_self_attention_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
+      "pre_ffw_norm": {"scale": c[p + "pre_feedforward_layernorm.weight"]},
+      "mlp": {n: {"kernel": T(c[p + f"mlp.{m}.weight"])} for n, m in mlp},
+      "post_ffw_norm": {"scale": c[p + "post_feedforward_layernorm.weight"]},
+    }
+    return {f"{k}_{suffix}": v for k, v in blk.items()}
+
+  blocks = [layer(0, "local") | layer(1, "global")]  # layer_types: sliding, full
+  stacked = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs, axis=1)), *blocks)
+  return "gemma2", {
+    "token_embedder": {"embedding": c["model.embed_tokens.weight"]},
+    "decoder": {"layers": stacked, "decoder_norm": {"scale": c["model.norm.weight"]}},
+  }
+
+
 def phi_haiku():
   """Phi (one norm, parallel attention and MLP) in haiku's flat ``~`` module paths."""
   c = ld("phi")
@@ -1235,6 +1270,7 @@ MAPPED = {
     modernbert_fused,
     modernbert_split,
     gemma2_library,
+    gemma2_maxtext_scanned,
     phi_haiku,
     mamba_flax,
   )
@@ -1334,6 +1370,27 @@ def _chosen(entries, error, target, src, want, data):
       found.append(m)
   assert len(found) == 1, f"{len(found)} choices of layout restore it:\n{error.hints_code}"
   return found[0]
+
+
+def test_groups_of_a_stacked_layer_without_layer_types_offer_each_order_and_one_is_true():
+  """MaxText's Gemma 2 without its config: the local and global layers are alike in their
+  tensors, so which group holds layer 0 is asked; of the two hints offered, exactly one
+  restores the hand conversion (the other is the same tensors, swapped)."""
+  name, expect = gemma2_maxtext_scanned()
+  src = prj.MemorySource(ld(name))
+  target = _target(expect)
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, src)
+  (problem,) = e.value.problems
+  offered = [eval(h) for h in re.findall(r"hints=(\{[^}]*\})", problem)]
+  assert len(offered) == 2 and "layer_types" in problem, problem
+  right = []
+  for hints in offered:
+    got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+    leaves = zip(jax.tree.leaves(expect), jax.tree.leaves(got), strict=True)
+    if all(np.array_equal(np.asarray(g), w) for w, g in leaves):
+      right.append(hints)
+  assert right == [{"decoder/layers/*_local": range(0, 1), "decoder/layers/*_global": range(1, 2)}]
 
 
 def test_a_fused_tensor_kept_fused_is_no_layout_question():

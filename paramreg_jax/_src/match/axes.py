@@ -174,21 +174,28 @@ def layer_splits(
   stack. None where the stacks are no such split (one stack, or each holds every layer)."""
   if ck.scan_axis is None:
     return {}, 0, None
+  at = {s.name: r for s in slots if (r := stack_root(s.name, ck)) is not None}
+  grouped = _groups(at)
   sizes: dict[str, set[int]] = {}
   for slot in slots:
-    root = stack_root(slot.name, ck)
+    root = at.get(slot.name)
     shape = tuple(slot.shape)
     if root is None:
       continue
     axis = 0 if root in ck.stacks else ck.scan_axis
+    word = slot.name[len(root) + 1 :].split("/", 1)[0].rsplit("_", 1)[-1]
+    stack = f"{root}/*_{word}" if word in grouped.get(root, ()) else root
     if len(shape) > axis:
-      sizes.setdefault(root, set()).add(shape[axis])
+      sizes.setdefault(stack, set()).add(shape[axis])
   roots = {r: next(iter(s)) for r, s in sizes.items() if len(s) == 1}
-  signature: dict[int, set[tuple[frozenset[str], str, tuple[int, ...]]]] = {}
+  signature: dict[int, set[tuple[Any, ...]]] = {}
   for k, c in ck.concepts.items():
     if c.indices:
       signature.setdefault(c.indices[0], set()).add((c.tokens, c.kind, ck.shapes[k]))
   count = len(signature)
+  if len(ck.facts.layer_types) == count:  # the config's kind of each layer (sliding, full)
+    for i, kind in enumerate(ck.facts.layer_types):
+      signature.setdefault(i, set()).add(("layer_types", kind))
   split = len(roots) >= 2 and len(roots) == len(sizes) and sum(roots.values()) == count
   if not split or set(signature) != set(range(count)):
     return roots, count, None
@@ -208,6 +215,38 @@ def layer_splits(
 
 
 _MOST_GROUPS = 8  # kinds of layers a checkpoint's split stacks are searched over
+
+
+def _groups(at: dict[str, str]) -> dict[str, frozenset[str]]:
+  """``{stack: its group words}`` for the stacks whose modules come in groups named alike
+  but for a last word (MaxText's Gemma 2: ``self_attention_local`` and
+  ``self_attention_global``, ``mlp_local`` and ``mlp_global``, ...): every module of the
+  stack in a group, each group with the same two or more names."""
+  children: dict[str, set[str]] = {}
+  for name, root in at.items():
+    children.setdefault(root, set()).add(name[len(root) + 1 :].split("/", 1)[0])
+  out = {}
+  for root, names in children.items():
+    stems: dict[str, set[str]] = {}
+    for child in names:
+      stem, _, word = child.rpartition("_")
+      if stem and word and not word.isdigit():
+        stems.setdefault(word, set()).add(stem)
+    words = {w for w, st in stems.items() if len(st) >= 2}
+    alike = len({frozenset(stems[w]) for w in words}) == 1
+    covered = all(c.rpartition("_")[2] in words for c in names)
+    if len(words) >= 2 and alike and covered:
+      out[root] = frozenset(words)
+  return out
+
+
+# what a group's word says of its layers, in the config's ``layer_types`` words
+GROUP_KINDS = {
+  "local": "sliding_attention",
+  "sliding": "sliding_attention",
+  "global": "full_attention",
+  "full": "full_attention",
+}
 
 
 def one_layer(shape: tuple[int, ...], tc: Concepts, ck: Checkpoint) -> tuple[int, ...] | None:

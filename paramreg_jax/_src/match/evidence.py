@@ -60,6 +60,8 @@ class Facts:
   qkv_layout: str | None = None  # a key of LAYOUTS
   gate_up_layout: str | None = None
   post_norms: bool = False  # post_attention_layernorm is the attention's post-norm
+  # each layer's kind (``layer_types``: "sliding_attention", "full_attention"), if given
+  layer_types: tuple[str, ...] = ()
 
   def rows(self) -> list[tuple[str, str]]:
     """``(fact, value)`` for the table: only what the config said."""
@@ -141,7 +143,15 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
     qkv_layout=qkv,
     gate_up_layout=gate_up,
     post_norms=model_type in _POST_NORM_TYPES,
+    layer_types=_layer_types(config.get("layer_types")),
   )
+
+
+def _layer_types(value: Any) -> tuple[str, ...]:
+  """transformers' ``layer_types`` (one kind per layer), or () for anything else."""
+  if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
+    return tuple(value)
+  return ()
 
 
 def layout_by_name(key: str) -> str | None:
@@ -269,7 +279,7 @@ class Checkpoint:
     """The layers of a stack that holds some of the checkpoint's (``layer_sets``), for a
     leaf in it; None for any other leaf."""
     for root, layers in self.layer_sets.items():
-      if name.startswith(f"{root}/"):
+      if in_stack(name, root):
         return layers
     return None
 
@@ -304,6 +314,16 @@ class Checkpoint:
       if c.indices:
         templates.setdefault((c.tokens, c.kind), []).append(k)
     return [ks[0] for ks in templates.values() if len(ks) == 1]
+
+
+def in_stack(name: str, stack: str) -> bool:
+  """Whether target leaf ``name`` is in ``stack``: a subtree (``decoder/moe_layers``), or a
+  group of a stack's modules named alike but for a last word (``decoder/layers/*_local``:
+  MaxText's Gemma 2 keeps a local and a global layer in each of its stacked layers)."""
+  root, _, word = stack.partition("/*_")
+  if not name.startswith(f"{root}/"):
+    return False
+  return not word or name[len(root) + 1 :].split("/", 1)[0].endswith(f"_{word}")
 
 
 def model_prefix(keys: list[str]) -> frozenset[str]:
@@ -392,10 +412,13 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
   if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (axes.stacks)
     c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
-  for root in ck.layer_sets:  # a stack of some layers: its name says their kind (moe_layers)
-    if name.startswith(f"{root}/"):
-      kind = concepts(root.rsplit("/", 1)[-1]).tokens - {"layers", "w"}
-      rest = concepts(name[len(root) + 1 :]).tokens
+  for stack in ck.layer_sets:  # a stack of some layers: its name says their kind (moe_layers)
+    if in_stack(name, stack):
+      root, _, word = stack.partition("/*_")  # and a group's word (local) says which layers
+      said = concepts(root.rsplit("/", 1)[-1]).tokens | (concepts(word).tokens if word else set())
+      kind = said - {"layers", "w"}
+      inner = name[len(root) + 1 :]
+      rest = concepts(inner.replace(f"_{word}/", "/", 1) if word else inner).tokens
       c = dataclasses.replace(c, tokens=c.tokens - (kind - rest))
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -224,8 +225,11 @@ def _decide(
   )
   decide.cast_to_targets(slots, proposals, source)
   # the leaves of stacks not given their layers: the one problem is which layers they hold
-  unsplit = tuple(f"{r}/" for r in ck.unsplit)
-  problems = [x for x in problems if not any(h.startswith(unsplit) for h in refusal.heads(x))]
+  problems = [
+    x
+    for x in problems
+    if not any(evidence.in_stack(h, r) for r in ck.unsplit for h in refusal.heads(x))
+  ]
   return proposals, problems, ranked
 
 
@@ -365,7 +369,7 @@ def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, An
   if not options and len(left) <= 1 and len(rest) == sum(roots[r] for r in left):
     options = [{**hinted, **{r: rest for r in left}}]  # the hints say all, or all but one
   names = [s.name for s in slots]
-  stacked = [s for s in slots if axes.stack_root(s.name, ck) in roots]
+  stacked = [s for s in slots if any(evidence.in_stack(s.name, r) for r in roots)]
 
   def found(option: dict[str, tuple[int, ...]]) -> int:
     ck.layer_sets = option
@@ -374,7 +378,13 @@ def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, An
       for s in stacked
     )
 
-  scores = [found(o) for o in options]
+  kinds = ck.facts.layer_types
+
+  def agreed(option: dict[str, tuple[int, ...]]) -> int:  # a group named for its layers' kind
+    said = {r: axes.GROUP_KINDS.get(r.partition("/*_")[2]) for r in option}
+    return sum(bool(kinds) and all(kinds[i] == said[r] for i in ls) for r, ls in option.items())
+
+  scores = [(found(o), agreed(o)) for o in options]
   best = [o for o, n in zip(options, scores) if n == max(scores)]
   ck.layer_sets = best[0] if len(best) == 1 else {}
   if len(best) == 1:
@@ -385,6 +395,12 @@ def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, An
   if best:
     ways = " or ".join(_share_hints(o) for o in best[:4])
     ck.split_problem = head + f"nothing says which layers each holds: pass one of {ways}"
+  elif interleaved := _interleaved(roots, count):
+    ways = " or ".join(_share_hints(o) for o in interleaved)
+    ck.split_problem = head + (
+      "its layers are alike in their tensors and nothing says which group takes which (a "
+      f"config.json with layer_types would): pass one of {ways}"
+    )
   else:
     order = {}
     at = 0
@@ -395,6 +411,22 @@ def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, An
       head + "no grouping of its layers by their tensors fits the stacks' sizes: pass which "
       f"layers each holds, e.g. {_share_hints(order)} if they hold them in that order"
     )
+
+
+def _interleaved(roots: dict[str, int], count: int) -> list[dict[str, tuple[int, ...]]]:
+  """The ways groups of one stack (``layers/*_local``, ``layers/*_global``: each stacked
+  layer holds one of each, in turn) take the checkpoint's layers: every order of the groups,
+  each taking every g-th layer; none for other stacks."""
+  stacks = list(roots)
+  if len({r.partition("/*_")[0] for r in stacks}) != 1 or "/*_" not in stacks[0]:
+    return []
+  g = len(stacks)
+  if any(n * g != count for n in roots.values()) or g > 3:
+    return []
+  return [
+    {r: tuple(range(j, count, g)) for j, r in enumerate(order)}
+    for order in itertools.permutations(stacks)
+  ]
 
 
 def _share_hints(option: dict[str, tuple[int, ...]]) -> str:

@@ -117,16 +117,17 @@ def refuse(
   leaves = sum(max(1, len(p.targets)) for p in out)
   # a problem's candidates are the literal's lines: its bullet is its first line
   said = [_first_line(p) if any(p.choices.values()) else str(p) for p in out]
-  message = (
-    errors.collected(
-      "match the checkpoint to the target",
-      said,
-      f"{leaves} leaves; nothing was chosen" if leaves != len(out) else "nothing was chosen",
-    )
-    + "\nChoose one line per entry (uncomment it) and pass match(..., hints=hints); "
-    "unchanged it is hints = {} (a recipe needs `import paramreg_jax as prj` and "
-    "`from paramreg_jax import recipes as R`):\n" + literal
+  message = errors.collected(
+    "match the checkpoint to the target",
+    said,
+    f"{leaves} leaves; nothing was chosen" if leaves != len(out) else "nothing was chosen",
   )
+  if literal != "hints = {\n}":  # no line to choose (each problem says its own fix)
+    message += (
+      "\nChoose one line per entry (uncomment it) and pass match(..., hints=hints); "
+      "unchanged it is hints = {} (a recipe needs `import paramreg_jax as prj` and "
+      "`from paramreg_jax import recipes as R`):\n" + literal
+    )
   return errors.MatchError(message, tuple(out), hints_code=literal)
 
 
