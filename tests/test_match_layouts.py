@@ -488,4 +488,30 @@ def test_groups_whose_words_say_nothing_of_the_layer_types_are_asked():
   ],
 )
 def test_no_groups_without_every_module_named_alike_but_for_a_word(children):
-  assert axes._groups({f"layers/{c}/w": "layers" for c in children}) == {}
+  assert axes.groups({f"layers/{c}/w": "layers" for c in children}) == {}
+
+
+@pytest.mark.parametrize(
+  "kinds", [("sliding_attention", "full_attention"), ("full_attention", "sliding_attention")]
+)
+def test_groups_in_numbered_layers_take_the_layers_of_their_kind(kinds):
+  """The same unscanned: ``layers_{j}`` holds the ``j``-th sliding layer as ``*_local`` and
+  the ``j``-th full one as ``*_global``, whichever comes first in ``layer_types``."""
+  ck, config, _ = _grouped(0, kinds)
+  local = [i for i in range(4) if config["layer_types"][i] == "sliding_attention"]
+  full = [i for i in range(4) if config["layer_types"][i] == "full_attention"]
+
+  def layer(i, word):
+    p = f"model.layers.{i}."
+    return {
+      f"attn_{word}": {"q": {"kernel": ck[p + "self_attn.q_proj.weight"].T}},
+      f"mlp_{word}": {
+        "wi_0": {"kernel": ck[p + "mlp.gate_proj.weight"].T},
+        "wo": {"kernel": ck[p + "mlp.down_proj.weight"].T},
+      },
+      f"norm_{word}": {"scale": ck[p + "input_layernorm.weight"]},
+    }
+
+  expect = {f"layers_{j}": layer(local[j], "local") | layer(full[j], "global") for j in (0, 1)}
+  m = prj.match(_target(expect), MemorySource(ck), config=config)
+  _assert_restores(expect, ck, m)

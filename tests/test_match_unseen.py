@@ -20,6 +20,7 @@ with the true tensor among its lines, and choosing those lines must restore it e
 from __future__ import annotations
 
 import itertools
+import json
 import pathlib
 import re
 
@@ -1151,38 +1152,58 @@ def gemma2_library():
   return "gemma2", {"transformer": t}
 
 
-def gemma2_maxtext_scanned():
-  """Gemma 2 as MaxText trains it: each stacked layer holds a local (sliding-window) and a
-  global layer, as ``*_local`` and ``*_global`` modules (``self_attention_local/query``
-  ``[emb, heads, head_dim]``), layers on axis 1. Which is which: the config's
-  ``layer_types``."""
+def _gemma2_maxtext_layer(c, i, suffix):
+  """One Gemma 2 layer as MaxText names it, its modules ending ``_local`` or ``_global``."""
+  p = f"model.layers.{i}."
+  a = p + "self_attn."
+  mlp = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
+  blk = {
+    "pre_self_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
+    "self_attention": {
+      "query": {"kernel": heads_in(c[a + "q_proj.weight"], 4)},
+      "key": {"kernel": heads_in(c[a + "k_proj.weight"], 2)},
+      "value": {"kernel": heads_in(c[a + "v_proj.weight"], 2)},
+      "out": {"kernel": heads_out(c[a + "o_proj.weight"], 4)},
+    },
+    "post_self_attention_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
+    "pre_ffw_norm": {"scale": c[p + "pre_feedforward_layernorm.weight"]},
+    "mlp": {n: {"kernel": T(c[p + f"mlp.{m}.weight"])} for n, m in mlp},
+    "post_ffw_norm": {"scale": c[p + "post_feedforward_layernorm.weight"]},
+  }
+  return {f"{k}_{suffix}": v for k, v in blk.items()}
+
+
+def _gemma2_maxtext(layers):
   c = ld("gemma2")
-
-  def layer(i, suffix):
-    p = f"model.layers.{i}."
-    a = p + "self_attn."
-    mlp = (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj"))
-    blk = {
-      "pre_self_attention_norm": {"scale": c[p + "input_layernorm.weight"]},
-      "self_attention": {
-        "query": {"kernel": heads_in(c[a + "q_proj.weight"], 4)},
-        "key": {"kernel": heads_in(c[a + "k_proj.weight"], 2)},
-        "value": {"kernel": heads_in(c[a + "v_proj.weight"], 2)},
-        "out": {"kernel": heads_out(c[a + "o_proj.weight"], 4)},
-      },
-      "post_self_attention_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
-      "pre_ffw_norm": {"scale": c[p + "pre_feedforward_layernorm.weight"]},
-      "mlp": {n: {"kernel": T(c[p + f"mlp.{m}.weight"])} for n, m in mlp},
-      "post_ffw_norm": {"scale": c[p + "post_feedforward_layernorm.weight"]},
-    }
-    return {f"{k}_{suffix}": v for k, v in blk.items()}
-
-  blocks = [layer(0, "local") | layer(1, "global")]  # layer_types: sliding, full
-  stacked = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs, axis=1)), *blocks)
   return "gemma2", {
     "token_embedder": {"embedding": c["model.embed_tokens.weight"]},
-    "decoder": {"layers": stacked, "decoder_norm": {"scale": c["model.norm.weight"]}},
+    "decoder": {**layers(c), "decoder_norm": {"scale": c["model.norm.weight"]}},
   }
+
+
+def gemma2_maxtext():
+  """Gemma 2 as MaxText keeps it unscanned: each ``layers_{j}`` holds a local
+  (sliding-window) and a global layer, as ``*_local`` and ``*_global`` modules
+  (``self_attention_local/query`` ``[emb, heads, head_dim]``). Which is which: the config's
+  ``layer_types``."""
+
+  def layers(c):  # layer_types: sliding, full
+    return {
+      "layers_0": _gemma2_maxtext_layer(c, 0, "local") | _gemma2_maxtext_layer(c, 1, "global")
+    }
+
+  return _gemma2_maxtext(layers)
+
+
+def gemma2_maxtext_scanned():
+  """:func:`gemma2_maxtext` as MaxText trains it: scanned, layers on axis 1."""
+
+  def layers(c):
+    blocks = [_gemma2_maxtext_layer(c, 0, "local") | _gemma2_maxtext_layer(c, 1, "global")]
+    stack = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs, axis=1)), *blocks)
+    return {"layers": stack}
+
+  return _gemma2_maxtext(layers)
 
 
 def phi_haiku():
@@ -1270,6 +1291,7 @@ MAPPED = {
     modernbert_fused,
     modernbert_split,
     gemma2_library,
+    gemma2_maxtext,
     gemma2_maxtext_scanned,
     phi_haiku,
     mamba_flax,
@@ -1391,6 +1413,21 @@ def test_groups_of_a_stacked_layer_without_layer_types_offer_each_order_and_one_
     if all(np.array_equal(np.asarray(g), w) for w, g in leaves):
       right.append(hints)
   assert right == [{"decoder/layers/*_local": range(0, 1), "decoder/layers/*_global": range(1, 2)}]
+
+
+def test_groups_of_a_numbered_layer_without_layer_types_ask_for_the_config_that_says_them():
+  name, expect = gemma2_maxtext()
+  target = _target(expect)
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, prj.MemorySource(ld(name)))
+  assert e.value.problems == (
+    "the target's layers (decoder/layers_0, ...) each hold 2 of the checkpoint's 2 layers, as "
+    "modules named *_global and *_local, and nothing says which layers are which kind: pass "
+    "the model's config.json, whose layer_types says it (match(..., config=...))",
+  )
+  config = json.loads((DATA / name / "config.json").read_text())
+  src = prj.MemorySource(ld(name))
+  _assert_restores(expect, target, src, prj.match(target, src, config=config))
 
 
 def test_a_fused_tensor_kept_fused_is_no_layout_question():

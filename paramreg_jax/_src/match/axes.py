@@ -175,7 +175,7 @@ def layer_splits(
   if ck.scan_axis is None:
     return {}, 0, None
   at = {s.name: r for s in slots if (r := stack_root(s.name, ck)) is not None}
-  grouped = _groups(at)
+  grouped = groups(at)
   sizes: dict[str, set[int]] = {}
   for slot in slots:
     root = at.get(slot.name)
@@ -202,13 +202,13 @@ def layer_splits(
   alike: dict[frozenset[Any], list[int]] = {}
   for i in range(count):
     alike.setdefault(frozenset(signature[i]), []).append(i)
-  groups = list(alike.values())
-  if len(groups) > _MOST_GROUPS or len(roots) ** len(groups) > 4096:
+  kinds = list(alike.values())
+  if len(kinds) > _MOST_GROUPS or len(roots) ** len(kinds) > 4096:
     return roots, count, []
   options = []
   names = list(roots)
-  for owners in itertools.product(names, repeat=len(groups)):
-    held = {r: sorted(i for g, o in zip(groups, owners) if o == r for i in g) for r in names}
+  for owners in itertools.product(names, repeat=len(kinds)):
+    held = {r: sorted(i for g, o in zip(kinds, owners) if o == r for i in g) for r in names}
     if all(len(held[r]) == roots[r] for r in names):
       options.append({r: tuple(held[r]) for r in names})
   return roots, count, options
@@ -217,7 +217,7 @@ def layer_splits(
 _MOST_GROUPS = 8  # kinds of layers a checkpoint's split stacks are searched over
 
 
-def _groups(at: dict[str, str]) -> dict[str, frozenset[str]]:
+def groups(at: dict[str, str]) -> dict[str, frozenset[str]]:
   """``{stack: its group words}`` for the stacks whose modules come in groups named alike
   but for a last word (MaxText's Gemma 2: ``self_attention_local`` and
   ``self_attention_global``, ``mlp_local`` and ``mlp_global``, ...): every module of the

@@ -17,6 +17,12 @@ block (transformers' ``layers.{b}.layer.{j}``: the block's own sequence of conv 
 the token ``#j``: ``order`` pairs the target's numbered siblings (``Conv_0``, ``Conv_1``) with
 tensors named alike but for it, in that order. Anything else is left as it was: the leaves
 find no tensor at their layer and are refused as before.
+
+The other way round, a target layer may hold several of the checkpoint's, as groups of
+modules named alike but for a last word (MaxText's Gemma 2 unscanned: ``layers_0`` holds
+``self_attention_local`` and ``self_attention_global``): :func:`in_groups` reads the
+checkpoint's ``j``-th layer of a kind (the config's ``layer_types``) as the target's layer
+``j``, with the group's word.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 
+from paramreg_jax._src.match import axes
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 
@@ -89,3 +96,72 @@ def across_stages(
     tokens = c.tokens | {"#" + ".".join(map(str, below))} if below else c.tokens
     out[k] = dataclasses.replace(c, indices=(rank[c.indices[:2]],), tokens=frozenset(tokens))
   return out, tuple((str(i), str(pair)) for i, pair in enumerate(theirs))
+
+
+def in_groups(
+  folded: dict[str, Concepts],
+  targets: Sequence[tuple[str, tuple[int, ...]]],
+  layer_types: Sequence[str],
+) -> tuple[dict[str, Concepts], str | None, tuple[str, ...]]:
+  """``folded`` with each checkpoint layer read as the target layer and group that hold it,
+  where every numbered target layer (``0 .. N-1``) holds the same groups (``axes.groups``),
+  each group's word names a kind of layer (``local``: sliding attention, ``global``: full),
+  and the config's ``layer_types`` gives the checkpoint N layers of each: its ``j``-th layer
+  of a kind is layer ``j``, with the group's word among its concepts. Returns that, a
+  problem where only the kinds are missing (no ``layer_types``), and the target layers the
+  problem is about; ``folded`` unchanged otherwise.
+
+  Examples:
+    >>> from paramreg_jax._src.match.vocabulary import concepts
+    >>> keys = [f"layers.{i}.attn.q.weight" for i in range(4)] + [f"layers.{i}.mlp.up.weight" for i in range(4)]
+    >>> targets = [(f"layers_{j}/{m}_{w}/kernel", (4, 4)) for j in (0, 1) for m in ("attn", "mlp") for w in ("local", "global")]
+    >>> kinds = ["sliding_attention", "full_attention"] * 2
+    >>> out, _, _ = in_groups({k: concepts(k) for k in keys}, targets, kinds)
+    >>> out["layers.3.attn.q.weight"].indices, "global" in out["layers.3.attn.q.weight"].tokens
+    ((1,), True)
+  """
+  at: dict[str, str] = {}
+  for name, _ in targets:
+    parts = name.split("/")
+    for j in range(len(parts)):
+      if concepts("/".join(parts[: j + 1])).indices:
+        at[name] = "/".join(parts[: j + 1])
+        break
+  layers = {concepts(name).indices for name in at}
+  if any(len(i) != 1 for i in layers) or sorted(layers) != [(j,) for j in range(len(layers))]:
+    return folded, None, ()
+  found = axes.groups(at)
+  words = set(found.values())
+  if len(found) != len(layers) or len(words) != 1:
+    return folded, None, ()
+  (word_set,) = words
+  kind_of = {w: axes.GROUP_KINDS.get(w) for w in word_set}
+  numbered = {k: c for k, c in folded.items() if c.indices}
+  count = 1 + max((c.indices[0] for c in numbered.values()), default=-1)
+  kinds = set(kind_of.values())
+  n = len(layers)
+  if None in kinds or len(kinds) != len(word_set) or count != n * len(word_set):
+    return folded, None, ()
+  if len(layer_types) != count:
+    roots = tuple(sorted(set(at.values())))
+    return (
+      folded,
+      f"the target's layers ({roots[0]}, ...) each hold {len(word_set)} of the "
+      f"checkpoint's {count} layers, as modules named *_{' and *_'.join(sorted(word_set))}, "
+      "and nothing says which layers are which kind: pass the model's config.json, whose "
+      "layer_types says it (match(..., config=...))",
+      roots,
+    )
+  rank: dict[int, tuple[int, str]] = {}
+  for w, kind in kind_of.items():
+    of_kind = [i for i, t in enumerate(layer_types) if t == kind]
+    if len(of_kind) != n:
+      return folded, None, ()
+    rank.update({i: (j, w) for j, i in enumerate(of_kind)})
+  if len(rank) != count:
+    return folded, None, ()
+  out = dict(folded)
+  for k, c in numbered.items():
+    j, w = rank[c.indices[0]]
+    out[k] = dataclasses.replace(c, indices=(j, *c.indices[1:]), tokens=c.tokens | {w})
+  return out, None, ()

@@ -341,9 +341,11 @@ def _read_checkpoint(
   targets = [(s.name, tuple(s.shape)) for s in slots]
   folded, numbered = numbering.across_stages(folded, shapes, targets)
   facts = evidence.facts_from_config(config)
+  folded, grouped, unsplit = numbering.in_groups(folded, targets, facts.layer_types)
   evidence.norm_roles(folded, facts)
   evidence.fused_inputs(folded, shapes)
   ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
+  ck.split_problem, ck.unsplit = grouped, unsplit
   ck.stacks = axes.stacks(slots, ck)
   stacked = {s.name for s in slots if any(s.name.startswith(f"{p}/") for p in ck.stacks)}
   ck.scan_axis = axes.scan_axis(slots, ck, per_layer | stacked)
