@@ -256,6 +256,20 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "split_the_layers or either_way"),
   ),
   Mutation(
+    "groups: a local/global group takes layers whatever their layer_types",
+    "paramreg_jax/_src/match/propose.py",
+    "  scores = [(found(o), agreed(o)) for o in options]\n",
+    "  scores = [(found(o), 0) for o in options]\n",
+    ("tests/test_match_layouts.py", "-k", "group"),
+  ),
+  Mutation(
+    "groups: a numbered layer's groups read without their word",
+    "paramreg_jax/_src/match/numbering.py",
+    "indices=(j, *c.indices[1:]), tokens=c.tokens | {w})",
+    "indices=(j, *c.indices[1:]), tokens=c.tokens)",
+    ("tests/test_match_layouts.py", "-k", "group"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
