@@ -1591,9 +1591,16 @@ def test_a_timm_vit_with_no_config_asks_its_fused_qkv_layout_with_the_truth_on_a
     prj.match(target, src)
   assert "nothing is split by guess" in str(e.value) and "qkv" in str(e.value)
   assert not [n for n, _, _ in e.value.partial.rows() if "query" in n or "key" in n]
+  assert "(no config.json)" in str(e.value)
   entries = literal_entries(e.value)
   assert list(entries) == ["blocks.{i}.attn.qkv"]  # kernels and biases: one question
   _assert_restores(expect, target, src, _chosen(entries, e.value, target, src, want, data))
+  # timm's own config.json beside it says nothing of the layout, and the refusal says so
+  timm = {"architecture": "vit_small_patch14_dinov2", "num_classes": 0, "num_features": 32}
+  (tmp_path / "config.json").write_text(json.dumps(timm))
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, prj.open_source(str(tmp_path / "model.safetensors")))
+  assert "(its config has no model_type: not a transformers config.json)" in str(e.value)
 
 
 def _openclip_names(c):

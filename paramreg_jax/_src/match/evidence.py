@@ -62,6 +62,9 @@ class Facts:
   post_norms: bool = False  # post_attention_layernorm is the attention's post-norm
   # each layer's kind (``layer_types``: "sliding_attention", "full_attention"), if given
   layer_types: tuple[str, ...] = ()
+  # a config was given that is no transformers config.json (no model_type: timm's, a
+  # training framework's): its keys say nothing here
+  foreign: bool = False
 
   def rows(self) -> list[tuple[str, str]]:
     """``(fact, value)`` for the table: only what the config said."""
@@ -110,7 +113,7 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
       config = dict(config[sub])
   model_type = config.get("model_type")
   if not isinstance(model_type, str):
-    return Facts()
+    return Facts(foreign=bool(config))
   heads = _int(config, "num_attention_heads", "n_head", "n_heads", "num_heads")
   hidden = _int(config, "hidden_size", "n_embd", "d_model", "dim")
   kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads

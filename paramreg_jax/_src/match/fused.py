@@ -208,7 +208,13 @@ def _undecided(
       unsure,
       {n: choices[n] for n in unsure},
     )
-  said = f"config.json model_type {facts.model_type!r}" if facts.model_type else "no config.json"
+  said = (
+    f"config.json model_type {facts.model_type!r}"
+    if facts.model_type
+    else "its config has no model_type: not a transformers config.json"
+    if facts.foreign
+    else "no config.json"
+  )
   why = f"; {known}" if known else ""
   parts = FUSED_PARTS["qkv" if "q" in f.present else "gate_up"]
   module = coherence.checkpoint_module(key)
