@@ -515,3 +515,65 @@ def test_groups_in_numbered_layers_take_the_layers_of_their_kind(kinds):
   expect = {f"layers_{j}": layer(local[j], "local") | layer(full[j], "global") for j in (0, 1)}
   m = prj.match(_target(expect), MemorySource(ck), config=config)
   _assert_restores(expect, ck, m)
+
+
+def _pattern_target(n, p, axis):
+  """``n`` alike layers, and the tree MaxText's Gemma 3 keeps them in: blocks of ``p``
+  layers scanned (``layers/layers_{r}``: place ``r`` of every block, layer ``p*j + r``) and
+  the layers after the last whole block unscanned (``layers_remainder/layers_{r}``)."""
+  ck = {}
+  for i in range(n):
+    p_ = f"model.layers.{i}."
+    ck[p_ + "self_attn.q_proj.weight"] = _rand(16, 8)
+    ck[p_ + "mlp.down_proj.weight"] = _rand(8, 12)
+    ck[p_ + "input_layernorm.weight"] = _rand(8)
+
+  def layer(layers):
+    def leaf(name):
+      per = [ck[f"model.layers.{i}.{name}"] for i in layers]
+      per = [w.T if w.ndim == 2 else w for w in per]
+      return np.stack(per, axis=axis)
+
+    return {
+      "self_attention": {"query": {"kernel": leaf("self_attn.q_proj.weight")}},
+      "mlp": {"wo": {"kernel": leaf("mlp.down_proj.weight")}},
+      "pre_self_attention_norm": {"scale": leaf("input_layernorm.weight")},
+    }
+
+  blocks = n // p
+  decoder = {}
+  if blocks:  # none: everything in the remainder (MaxText's scan_length 0)
+    decoder["layers"] = {f"layers_{r}": layer([p * j + r for j in range(blocks)]) for r in range(p)}
+  if n % p:
+    rest = range(p * blocks, n)
+    unscanned = {f"layers_{r}": layer_at(ck, i) for r, i in enumerate(rest)}
+    decoder["layers_remainder"] = unscanned
+  return ck, {"decoder": decoder}
+
+
+def layer_at(ck, i):
+  p = f"model.layers.{i}."
+  return {
+    "self_attention": {"query": {"kernel": ck[p + "self_attn.q_proj.weight"].T}},
+    "mlp": {"wo": {"kernel": ck[p + "mlp.down_proj.weight"].T}},
+    "pre_self_attention_norm": {"scale": ck[p + "input_layernorm.weight"]},
+  }
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("n, p", [(6, 2), (7, 2), (8, 3), (3, 6)])
+def test_a_stacked_pattern_takes_every_pth_layer_and_its_remainder_the_last(n, p, axis):
+  ck, expect = _pattern_target(n, p, axis)
+  m = prj.match(_target(expect), MemorySource(ck))
+  _assert_restores(expect, ck, m)
+
+
+def test_closure_in_a_pattern_and_its_remainder_reads_their_own_layers():
+  """A norm no name says (``blob``) is the last tensor left in its layer: for place ``r``,
+  layers ``r, r+2, r+4``; for the remainder's ``layers_0``, layer 6 (not 0)."""
+  ck, expect = _pattern_target(7, 2, 1)
+  for group in ("layers", "layers_remainder"):
+    for layer in expect["decoder"][group].values():
+      layer["blob"] = layer.pop("pre_self_attention_norm")
+  m = prj.match(_target(expect), MemorySource(ck))
+  _assert_restores(expect, ck, m)

@@ -15,6 +15,7 @@ from paramreg_jax._src.match.evidence import is_linear
 from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.match.vocabulary import is_container
 
 
 def orientation(
@@ -102,13 +103,13 @@ def scan_axis(
   by_stack: dict[str, set[tuple[int, ...]]] = {}
   for slot in slots:
     tc, shape = concepts(slot.name), tuple(slot.shape)
+    root = stack_root(slot.name, ck)
     stacked = slot.name in per_layer or (not tc.indices and "layers" in tc.tokens)
-    if not stacked or len(shape) < 2:
+    if not (stacked or root is not None) or len(shape) < 2:
       continue
     fits = [a for a in (0, 1) if shape[a] in counts]
-    if len(fits) == 1:
+    if len(fits) == 1 and stacked:
       votes.add(fits[0])
-    root = stack_root(slot.name, ck)
     if root is not None:
       by_stack.setdefault(root, set()).add(shape)
   # a stack keeps its layers where all its leaves have one size: the stronger word (a stack
@@ -154,26 +155,80 @@ def stack_root(name: str, ck: Checkpoint) -> str | None:
     if name.startswith(f"{p}/"):
       return p
   tc = concepts(name)
-  if tc.indices or "layers" not in tc.tokens:
-    return None
   parts = name.split("/")
+  if tc.indices:
+    return _place(parts)
+  if "layers" not in tc.tokens:
+    return None
   for j in range(1, len(parts)):
     if "layers" in concepts(parts[j - 1]).tokens:
       return "/".join(parts[:j])
   return None
 
 
+def _place(parts: list[str]) -> str | None:
+  """A place of a stacked pattern of layers: ``decoder/layers/layers_3`` (MaxText's Gemma 3
+  scans blocks of 6 layers, each block's layers ``layers_0`` .. ``layers_5``), the numbered
+  container right under an unnumbered stack of layers; None for any other name."""
+  for j in range(1, len(parts) - 1):
+    stack = concepts("/".join(parts[:j]))
+    placed = "layers" in stack.tokens and "remainder" not in stack.tokens  # those: unstacked
+    if placed and not stack.indices and is_container(parts[j]):
+      return "/".join(parts[: j + 1])
+  return None
+
+
+def _pattern(
+  roots: dict[str, int], names: list[str], count: int
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int]] | None:
+  """Where the stacks are the places of one stacked pattern (``layers/layers_{r}``, ``p``
+  places, ``S`` blocks each), place ``r`` holds layers ``p*j + r``, and a sibling
+  ``*_remainder`` the ``q`` layers after them (``layers_remainder/layers_{r}``: layer
+  ``p*S + r``); None unless ``p*S + q`` is the checkpoint's layer count."""
+  if not all(_place(f"{r}/leaf".split("/")) == r for r in roots):
+    return None
+  stacks = {r.rpartition("/")[0] for r in roots}
+  if len(stacks) != 1:
+    return None
+  (stack,) = stacks
+  places = {_number(r.rpartition("/")[2]): r for r in roots}
+  p, sizes = len(places), set(roots.values())
+  if sorted(places) != list(range(p)) or len(sizes) != 1:
+    return None
+  (size,) = sizes
+  parent, _, word = stack.rpartition("/")
+  rest: dict[int, str] = {}
+  depth = len(parent.split("/")) if parent else 0
+  for name in names:
+    below = name.split("/")[depth:]
+    if (parent and not name.startswith(f"{parent}/")) or len(below) < 3:
+      continue
+    first, container = below[0], below[1]
+    if first.startswith(f"{word}_") and "remainder" in first and is_container(container):
+      rest[_number(container)] = "/".join(filter(None, (parent, first, container)))
+  if sorted(rest) != list(range(len(rest))) or p * size + len(rest) != count:
+    return None
+  shares = {places[r]: tuple(p * j + r for j in range(size)) for r in places}
+  return shares, {key: p * size + r for r, key in rest.items()}
+
+
+def _number(container: str) -> int:
+  return int(container.rpartition("_")[2])
+
+
 def layer_splits(
   slots: list[Any], ck: Checkpoint
-) -> tuple[dict[str, int], int, list[dict[str, tuple[int, ...]]] | None]:
+) -> tuple[dict[str, int], int, list[dict[str, tuple[int, ...]]] | None, dict[str, int]]:
   """The target's stacks (``{root: layers it holds}``), the checkpoint's layer count, and,
   where two or more stacks hold the checkpoint's layers between them (MaxText's DeepSeek:
   ``dense_layers`` then ``moe_layers``; Llama 4's interleaved ones), every way to give each
   stack its layers: the checkpoint's layers alike in their tensors (names and shapes) go to
   one stack together, and each stack gets as many as it holds; layers keep their order in a
-  stack. None where the stacks are no such split (one stack, or each holds every layer)."""
+  stack. None where the stacks are no such split (one stack, or each holds every layer).
+  The places of a stacked pattern (:func:`_place`) hold theirs by their number, and its
+  remainder's layers (``{container: layer}``) come last."""
   if ck.scan_axis is None:
-    return {}, 0, None
+    return {}, 0, None, {}
   at = {s.name: r for s in slots if (r := stack_root(s.name, ck)) is not None}
   grouped = groups(at)
   sizes: dict[str, set[int]] = {}
@@ -196,22 +251,26 @@ def layer_splits(
   if len(ck.facts.layer_types) == count:  # the config's kind of each layer (sliding, full)
     for i, kind in enumerate(ck.facts.layer_types):
       signature.setdefault(i, set()).add(("layer_types", kind))
+  names = [s.name for s in slots]
+  pattern = _pattern(roots, names, count) if roots and len(roots) == len(sizes) else None
+  if pattern is not None:
+    return roots, count, [pattern[0]], pattern[1]
   split = len(roots) >= 2 and len(roots) == len(sizes) and sum(roots.values()) == count
   if not split or set(signature) != set(range(count)):
-    return roots, count, None
+    return roots, count, None, {}
   alike: dict[frozenset[Any], list[int]] = {}
   for i in range(count):
     alike.setdefault(frozenset(signature[i]), []).append(i)
   kinds = list(alike.values())
   if len(kinds) > _MOST_GROUPS or len(roots) ** len(kinds) > 4096:
-    return roots, count, []
+    return roots, count, [], {}
   options = []
   names = list(roots)
   for owners in itertools.product(names, repeat=len(kinds)):
     held = {r: sorted(i for g, o in zip(kinds, owners) if o == r for i in g) for r in names}
     if all(len(held[r]) == roots[r] for r in names):
       options.append({r: tuple(held[r]) for r in names})
-  return roots, count, options
+  return roots, count, options, {}
 
 
 _MOST_GROUPS = 8  # kinds of layers a checkpoint's split stacks are searched over

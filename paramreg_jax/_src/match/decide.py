@@ -48,7 +48,7 @@ def choose(
   candidates a hint named (any score counts); ``roles``: the part (q, k, v, o) each numbered
   sibling's order says it is (``order.fused_roles``)."""
   picked, open_ = _best(slots, ranked, proposals, hinted, ck)
-  blocks = {s.name: concepts(s.name).indices for s in slots}
+  blocks = {s.name: evidence.target_indices(s.name, concepts(s.name).indices, ck) for s in slots}
   by_hint = {*hinted, *(n for n, p in proposals.items() if p.reason == "hint")}
   closing = functools.partial(
     closure.settle,
@@ -403,6 +403,7 @@ def _unmatched(slot: Any, ranked: dict[str, list[Candidate]], ck: evidence.Check
   """The problem of a target no candidate was decided for: ambiguous among equals, or
   unmatched with what fits its shape, closest name first."""
   tc = concepts(slot.name)
+  tc = dataclasses.replace(tc, indices=evidence.target_indices(slot.name, tc.indices, ck))
   shape = tuple(slot.shape)
   near = distinct(ranked.get(slot.name, []))
   tied = [c for c in near if c.score == near[0].score] if near else []
@@ -426,7 +427,7 @@ def _absent(slot: Any, ck: evidence.Checkpoint) -> str:
   their count): named, for its recipe; with none, most often a parameter the checkpoint does
   not have (a new classifier head, an adapter)."""
   size = math.prod(slot.shape)
-  level = concepts(slot.name).indices
+  level = evidence.target_indices(slot.name, concepts(slot.name).indices, ck)
   alike = [k for k in ck.by_layer.get(level, ()) if math.prod(ck.shapes[k]) == size]
   if alike:
     shown = ", ".join(f"{k!r} {tuple(ck.shapes[k])}" for k in alike[:3])

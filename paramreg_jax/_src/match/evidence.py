@@ -249,6 +249,9 @@ class Checkpoint:
   # the problem when such stacks cannot be given their layers, and those stacks (their
   # leaves' own problems follow from it: not listed)
   split_problem: str | None = None
+  # ``{target container: checkpoint layer}`` of a stacked pattern's remainder (MaxText's
+  # ``layers_remainder/layers_{r}``: the layers after the pattern's blocks)
+  layer_at: dict[str, int] = dataclasses.field(default_factory=dict)
   unsplit: tuple[str, ...] = ()
 
   def restricted(self, keys: set[str]) -> Checkpoint:
@@ -317,6 +320,23 @@ class Checkpoint:
       if c.indices:
         templates.setdefault((c.tokens, c.kind), []).append(k)
     return [ks[0] for ks in templates.values() if len(ks) == 1]
+
+
+def target_indices(name: str, indices: tuple[int, ...], ck: Checkpoint) -> tuple[int, ...]:
+  """A target leaf's layer numbers as the checkpoint counts them: none for a place of a
+  stacked pattern (``layers/layers_3``: it stacks layers 3, 9, ...), the layer after the
+  pattern for its remainder's (``layers_remainder/layers_1``), ``indices`` otherwise."""
+  for stack in ck.layer_sets:
+    if indices and "/*_" not in stack and name.startswith(f"{stack}/"):
+      if _PLACE.search(stack):
+        return ()
+  for container, layer in ck.layer_at.items():
+    if name.startswith(f"{container}/"):
+      return (layer, *indices[1:])
+  return indices
+
+
+_PLACE = re.compile(r"/[A-Za-z]+_\d+$")  # a stack that is a numbered container: a place
 
 
 def in_stack(name: str, stack: str) -> bool:
@@ -413,6 +433,7 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   they say which layers, not which parameter."""
   facts = ck.facts
   c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
+  c = dataclasses.replace(c, indices=target_indices(name, c.indices, ck))
   if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (axes.stacks)
     c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
   for stack in ck.layer_sets:  # a stack of some layers: its name says their kind (moe_layers)

@@ -361,7 +361,7 @@ def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, An
   stacks' sizes and the layers' kinds allow, or of several the one under which most of the
   stacks' leaves find a tensor, if one does; else a problem (``ck.split_problem``) with the
   hints to choose from."""
-  roots, count, options = axes.layer_splits(slots, ck)
+  roots, count, options, ck.layer_at = axes.layer_splits(slots, ck)
   hinted = hints_lib.shares(given, roots, count)
   if options is None and not hinted:
     return
