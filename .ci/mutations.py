@@ -270,6 +270,20 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "group"),
   ),
   Mutation(
+    "pattern: a stacked pattern's places take contiguous layers",
+    "paramreg_jax/_src/match/axes.py",
+    "shares = {places[r]: tuple(p * j + r for j in range(size)) for r in places}",
+    "shares = {places[r]: tuple(r * size + j for j in range(size)) for r in places}",
+    ("tests/test_match_layouts.py", "-k", "pattern"),
+  ),
+  Mutation(
+    "pattern: a remainder's layer read as its own number",
+    "paramreg_jax/_src/match/evidence.py",
+    "      return (layer, *indices[1:])\n",
+    "      return indices\n",
+    ("tests/test_match_layouts.py", "-k", "pattern"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
