@@ -577,3 +577,57 @@ def test_closure_in_a_pattern_and_its_remainder_reads_their_own_layers():
       layer["blob"] = layer.pop("pre_self_attention_norm")
   m = prj.match(_target(expect), MemorySource(ck))
   _assert_restores(expect, ck, m)
+
+
+def test_a_stacks_own_words_do_not_color_its_leaves():
+  """``moe_layers/out`` is the attention's output (``o_proj``) as ``dense_layers/out`` is:
+  read with the stack's word, ``out`` after ``moe`` folds to an MLP's down projection, and
+  the shared expert's ``down_proj`` of its shape would be taken for it."""
+  ck = {}
+  for i in range(3):
+    p = f"model.layers.{i}."
+    ck[p + "self_attn.o_proj.weight"] = _rand(8, 8)
+    if i == 0:
+      ck[p + "mlp.down_proj.weight"] = _rand(8, 16)
+    else:
+      ck[p + "mlp.shared_experts.down_proj.weight"] = _rand(8, 8)
+
+  def stack(name, layers):
+    return np.stack([ck[f"model.layers.{i}.{name}"].T for i in layers], axis=1)
+
+  expect = {
+    "dense_layers": {
+      "out": {"kernel": stack("self_attn.o_proj.weight", [0])},
+      "mlp": {"wo": {"kernel": stack("mlp.down_proj.weight", [0])}},
+    },
+    "moe_layers": {
+      "out": {"kernel": stack("self_attn.o_proj.weight", [1, 2])},
+      "shared_experts": {"wo": {"kernel": stack("mlp.shared_experts.down_proj.weight", [1, 2])}},
+    },
+  }
+  _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck)))
+
+
+def test_a_square_shared_expert_is_a_linear_weight_not_an_embedding():
+  """``shared`` is T5's and BART's embedding only as the module itself (``shared.weight``):
+  a shared expert's square ``down_proj`` was read as a table, kept as stored where the
+  other linear weights are transposed, and restored without an error."""
+  ck = {}
+  for i in range(2):
+    p = f"model.layers.{i}."
+    ck[p + "self_attn.o_proj.weight"] = _rand(8, 8)
+    ck[p + "mlp.up_proj.weight"] = _rand(16, 8)
+    ck[p + "mlp.shared_experts.down_proj.weight"] = _rand(8, 8)
+
+  def stack(name):
+    return np.stack([ck[f"model.layers.{i}.{name}"].T for i in (0, 1)])
+
+  expect = {
+    "layers": {
+      "out": {"kernel": stack("self_attn.o_proj.weight")},
+      "mlp": {"wi": {"kernel": stack("mlp.up_proj.weight")}},
+      "shared_experts": {"wo": {"kernel": stack("mlp.shared_experts.down_proj.weight")}},
+    }
+  }
+  _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck)))
+  assert concepts("shared.weight").tokens == concepts("embed_tokens.weight").tokens

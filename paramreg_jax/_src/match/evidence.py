@@ -432,18 +432,10 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   says nothing, nor the words of a stack that holds some of the layers (``moe_layers``):
   they say which layers, not which parameter."""
   facts = ck.facts
-  c = dataclasses.replace(concepts(vocabulary.as_layernorm(name)), name=name)
-  c = dataclasses.replace(c, indices=target_indices(name, c.indices, ck))
+  c = concepts(vocabulary.as_layernorm(_plain(name, ck)))
+  c = dataclasses.replace(c, name=name, indices=target_indices(name, c.indices, ck))
   if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (axes.stacks)
     c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
-  for stack in ck.layer_sets:  # a stack of some layers: its name says their kind (moe_layers)
-    if in_stack(name, stack):
-      root, _, word = stack.partition("/*_")  # and a group's word (local) says which layers
-      said = concepts(root.rsplit("/", 1)[-1]).tokens | (concepts(word).tokens if word else set())
-      kind = said - {"layers", "w"}
-      inner = name[len(root) + 1 :]
-      rest = concepts(inner.replace(f"_{word}/", "/", 1) if word else inner).tokens
-      c = dataclasses.replace(c, tokens=c.tokens - (kind - rest))
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))
   if _POST_ATTN.search(name) and (
@@ -451,6 +443,21 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   ):
     return dataclasses.replace(c, tokens=frozenset((c.tokens - {"mlp"}) | {"attn", "post"}))
   return c
+
+
+def _plain(name: str, ck: Checkpoint) -> str:
+  """``name`` read without the words of a stack that holds some of the layers: they say
+  which layers (``moe_layers``, a group's ``_local``, a place's ``layers_3``), not which
+  parameter, and would color the rest (``moe_layers/out`` is the attention's output, not
+  an MLP's)."""
+  for stack in ck.layer_sets:
+    if in_stack(name, stack):
+      root, _, word = stack.partition("/*_")
+      first, _, rest = name[len(root) + 1 :].partition("/")
+      if word:
+        first = first.removesuffix(f"_{word}")
+      return "/".join(filter(None, (root.rpartition("/")[0], "layers", first, rest)))
+  return name
 
 
 # Concepts of a projection: a bare name (no kind word, like Meta's ``wq``) is a linear weight only

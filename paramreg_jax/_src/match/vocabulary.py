@@ -183,7 +183,6 @@ _WORDS: dict[str, tuple[str, ...]] = {
       "wte",
       "word_embeddings",
       "tok_embeddings",
-      "shared",
       "embed_in",
       "embedder",  # MaxText: token_embedder
     )
@@ -416,9 +415,12 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
       folded.append(parts[i])
       i += 1
   tokens: list[str] = []
-  for word in folded:
+  for at, word in enumerate(folded):
     if word == "gate" and "moe" in tokens and "experts" not in tokens:
       tokens.append("router")  # a mixture of experts' own gate (MaxText's MoeBlock_0/gate)
+    elif word == "shared":  # T5's and BART's embedding, when it is the module: shared.weight
+      last = all(_WORDS.get(w) in (("w",), ("b",)) for w in folded[at + 1 :])
+      tokens.append("embed" if last else "shared")  # else a shared expert, a shared MLP
     elif word in _WORDS:
       tokens.extend(_WORDS[word])
     elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
