@@ -284,6 +284,13 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "pattern"),
   ),
   Mutation(
+    "vocabulary: a shared expert read as T5's shared embedding",
+    "paramreg_jax/_src/match/vocabulary.py",
+    'tokens.append("embed" if last else "shared")',
+    'tokens.append("embed")',
+    ("tests/test_match_layouts.py", "-k", "shared_expert"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
