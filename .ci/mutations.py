@@ -286,8 +286,8 @@ MUTATIONS = (
   Mutation(
     "vocabulary: a shared expert read as T5's shared embedding",
     "paramreg_jax/_src/match/vocabulary.py",
-    'tokens.append("embed" if last else "shared")',
-    'tokens.append("embed")',
+    '      "tok_embeddings",\n      "embed_in",\n',
+    '      "tok_embeddings",\n      "shared",\n      "embed_in",\n',
     ("tests/test_match_layouts.py", "-k", "shared_expert"),
   ),
   Mutation(
