@@ -631,3 +631,19 @@ def test_a_square_shared_expert_is_a_linear_weight_not_an_embedding():
   }
   _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck)))
   assert concepts("shared.weight").tokens == concepts("embed_tokens.weight").tokens
+
+
+def test_the_table_says_which_layers_each_stack_holds():
+  ck, expect = _mixed((1, 2), 3, 1)
+  m = prj.match(_target(expect), MemorySource(ck))
+  assert m.stacks == (("dense_layers", "0"), ("moe_layers", "1..2"))
+  assert "  stacks (the checkpoint layers each holds): dense_layers = 0; moe_layers = 1..2" in str(
+    m
+  )
+  assert "Stacks (the checkpoint layers each holds): dense_layers = 0;" in m._repr_html_()
+  ck, expect = _pattern_target(13, 2, 0)
+  stacks = dict(prj.match(_target(expect), MemorySource(ck)).stacks)
+  assert stacks == {
+    "decoder/layers/layers_0": "0, 2, ..., 10",
+    "decoder/layers/layers_1": "1, 3, ..., 11",
+  }

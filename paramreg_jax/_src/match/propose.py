@@ -124,8 +124,7 @@ def match(
     ignored += sorted(k for k in forms.hidden if k not in reads)
   if not problems:
     problems += _unused_layers(ignored, ck)
-  origin = "match(config=...)" if config is not None else stored.config_origin
-  result = Match(ordered, ignored, stored, ck.facts.rows(), changed, origin, aligned, ck.numbered)
+  result = _report(ordered, ignored, stored, ck, changed, aligned, config is not None)
   if problems:
     error = refusal.refuse(problems, ranked, slots, source, ck)
     error.partial = result
@@ -139,6 +138,22 @@ def match(
       result,
     ) from e
   return result
+
+
+def _report(
+  ordered: list[Proposal],
+  ignored: list[str],
+  stored: source_lib.CheckpointSource,
+  ck: evidence.Checkpoint,
+  changed: tuple[tuple[str, str, str], ...],
+  aligned: tuple[tuple[str, str], ...],
+  configured: bool,
+) -> Match:
+  """The :class:`Match` of the proposals, with the evidence it shows."""
+  origin = "match(config=...)" if configured else stored.config_origin
+  stacks = tuple((r, _spans(ls)) for r, ls in sorted(ck.layer_sets.items()))
+  facts = ck.facts.rows()
+  return Match(ordered, ignored, stored, facts, changed, origin, aligned, ck.numbered, stacks)
 
 
 def _check_hints(hints: Any) -> None:
@@ -436,3 +451,17 @@ def _share_hints(option: dict[str, tuple[int, ...]]) -> str:
   return (
     "hints={" + ", ".join(f"{r!r}: {hints_lib.share_literal(ls)}" for r, ls in option.items()) + "}"
   )
+
+
+def _spans(layers: tuple[int, ...]) -> str:
+  """``0..3, 8`` for (0, 1, 2, 3, 8); ``1, 3, ..., 59`` for every other layer."""
+  steps = {b - a for a, b in zip(layers, layers[1:])}
+  if len(layers) > 3 and len(steps) == 1 and steps != {1}:
+    return f"{layers[0]}, {layers[1]}, ..., {layers[-1]}"
+  runs: list[list[int]] = []
+  for i in layers:
+    if runs and i == runs[-1][-1] + 1:
+      runs[-1].append(i)
+    else:
+      runs.append([i])
+  return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

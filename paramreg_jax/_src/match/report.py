@@ -47,6 +47,9 @@ class Match(sets.RecipeSet):
     layers: ``(target layer, checkpoint layer)`` where the target numbers its blocks across
       the checkpoint's stages (``ResNetBlock_2`` is ``stages.1.layers.0``), read in order;
       empty where the numbers align as they are.
+    stacks: ``(target stack, checkpoint layers)`` where stacks hold the checkpoint's layers
+      between them (MaxText's ``dense_layers`` and ``moe_layers``, a group ``layers/*_local``,
+      a pattern's place ``layers/layers_3``): ``"1..60"``, ``"0, 2, 4"``; empty otherwise.
 
   Examples:
     >>> import jax, numpy as np
@@ -70,10 +73,12 @@ class Match(sets.RecipeSet):
     facts_from: str = "config.json",
     towers: Iterable[tuple[str, str]] = (),
     layers: Iterable[tuple[str, str]] = (),
+    stacks: Iterable[tuple[str, str]] = (),
   ):
     self.proposals = tuple(proposals)
     self.towers = tuple(towers)
     self.layers = tuple(layers)
+    self.stacks = tuple(stacks)
     self.facts_from = facts_from
     self.source = source
     self.facts = tuple(facts)
@@ -105,6 +110,9 @@ class Match(sets.RecipeSet):
     if self.layers:
       layers = [f"{t} = {c}" for t, c in self.layers]
       lines += text_width.items("  layers (numbered across stages, in order): ", layers)
+    if self.stacks:
+      stacks = [f"{t} = {c}" for t, c in self.stacks]
+      lines += text_width.items("  stacks (the checkpoint layers each holds): ", stacks, sep="; ")
     for t, expr, why in rows:  # one line where it fits; else the recipe below, broken
       line = f"  {t:<{width}}  <- {expr}   [{why}]"
       fits = len(line) <= text_width.WIDTH
@@ -140,6 +148,13 @@ class Match(sets.RecipeSet):
         + ", ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.layers)
         + "</p>"
         if self.layers
+        else ""
+      )
+      + (
+        "<p>Stacks (the checkpoint layers each holds): "
+        + "; ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.stacks)
+        + "</p>"
+        if self.stacks
         else ""
       )
       + html_table.table(["target", "checkpoint", "why"], body, wrap=[1, 2])
