@@ -1067,6 +1067,15 @@ def qwen2_moe_nnx():
   }
 
 
+def qwen2_moe_scanned():
+  """:func:`qwen2_moe_nnx` under ``nnx.scan``: every leaf stacked over the layers, the shared
+  expert's ``gate`` beside the shared expert's own ``shared_gate`` (``shared_expert.gate_proj``
+  and ``shared_expert_gate``: one concept, two tensors)."""
+  name, tree = qwen2_moe_nnx()
+  stacked = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *tree["layers"])
+  return name, {**tree, "layers": stacked}
+
+
 def _modernbert(attn_and_mlp):
   """ModernBERT's tree around each layer's attention and MLP (``attn_and_mlp(c, prefix)``):
   the norms (layer 0 has no attention norm), the embeddings and the MLM head."""
@@ -1288,6 +1297,7 @@ MAPPED = {
     deepseek_maxtext,
     deepseek_maxtext_scanned,
     qwen2_moe_nnx,
+    qwen2_moe_scanned,
     modernbert_fused,
     modernbert_split,
     gemma2_library,
@@ -1331,6 +1341,7 @@ WITHOUT_CONFIG = (
   "deepseek_maxtext",
   "deepseek_maxtext_scanned",
   "qwen2_moe_nnx",
+  "qwen2_moe_scanned",
   "modernbert_fused",
   "phi_haiku",
   "mamba_flax",

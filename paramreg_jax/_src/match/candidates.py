@@ -420,7 +420,7 @@ def _stacked(
   out = []
   per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
   n = len(tc.indices)
-  for (tokens, kind), by_index in ck.templates.items():
+  for (tokens, kind, _), by_index in ck.templates.items():
     if kind != tc.kind and not hinted:
       continue
     inner = "heads" if "heads" in tokens else "experts"

@@ -303,23 +303,20 @@ class Checkpoint:
     return frozenset().union(*(c.tokens for c in self.concepts.values()))
 
   @functools.cached_property
-  def templates(self) -> dict[tuple[frozenset[str], str], dict[tuple[int, ...], str]]:
-    """``{(concepts, kind): {indices: key}}`` of the numbered tensors (one name template each:
-    per layer, per expert)."""
-    out: dict[tuple[frozenset[str], str], dict[tuple[int, ...], str]] = {}
+  def templates(self) -> dict[tuple[frozenset[str], str, str], dict[tuple[int, ...], str]]:
+    """``{(concepts, kind, name template): {indices: key}}`` of the numbered tensors (one
+    name template each: per layer, per expert). Two names with the same concepts stay apart
+    (Qwen2-MoE's ``shared_expert.gate_proj`` and ``shared_expert_gate``)."""
+    out: dict[tuple[frozenset[str], str, str], dict[tuple[int, ...], str]] = {}
     for k, c in self.concepts.items():
       if c.indices:
-        out.setdefault((c.tokens, c.kind), {})[c.indices] = k
+        out.setdefault((c.tokens, c.kind, _NUMBERS.sub("#", k)), {})[c.indices] = k
     return out
 
   @functools.cached_property
   def single_layer_keys(self) -> list[str]:
     """Keys whose name template occurs in one layer only (T5's relative position bias)."""
-    templates: dict[tuple[frozenset[str], str], list[str]] = {}
-    for k, c in self.concepts.items():
-      if c.indices:
-        templates.setdefault((c.tokens, c.kind), []).append(k)
-    return [ks[0] for ks in templates.values() if len(ks) == 1]
+    return [next(iter(ks.values())) for ks in self.templates.values() if len(ks) == 1]
 
 
 def target_indices(name: str, indices: tuple[int, ...], ck: Checkpoint) -> tuple[int, ...]:
@@ -337,6 +334,9 @@ def target_indices(name: str, indices: tuple[int, ...], ck: Checkpoint) -> tuple
 
 
 _PLACE = re.compile(r"/[A-Za-z]+_\d+$")  # a stack that is a numbered container: a place
+
+
+_NUMBERS = re.compile(r"\d+")
 
 
 def in_stack(name: str, stack: str) -> bool:
