@@ -291,6 +291,13 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "shared_expert"),
   ),
   Mutation(
+    "templates: two names of the same concepts merged into one",
+    "paramreg_jax/_src/match/evidence.py",
+    'out.setdefault((c.tokens, c.kind, _NUMBERS.sub("#", k)), {})[c.indices] = k',
+    'out.setdefault((c.tokens, c.kind, ""), {})[c.indices] = k',
+    ("tests/test_match_unseen.py", "-k", "qwen2"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
