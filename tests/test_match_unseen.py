@@ -678,6 +678,17 @@ def clip_equinox():
   }
 
 
+def clip_equinox_vmapped():
+  """:func:`clip_equinox` with each tower's layers built by ``eqx.filter_vmap``: one stacked
+  layer per tower, whose MLP is still equinox's list (``layers/mlp/layers/0``: its modules,
+  not layers)."""
+  name, tree = clip_equinox()
+  for tower in ("transformer", "visual"):
+    layers = tree[tower]["layers"]
+    tree[tower]["layers"] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *layers)
+  return name, tree
+
+
 def dinov2_levanter():
   """stacked layers, out-first heads split [L, H, Dh, D] like haliax code"""
   c = ld("dinov2")
@@ -1284,6 +1295,7 @@ MAPPED = {
     dinov2_levanter,
     clip_nnx,
     clip_equinox,
+    clip_equinox_vmapped,
     wav2vec2_flax,
     wav2vec2_equinox,
     electra_haiku,

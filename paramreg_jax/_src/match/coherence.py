@@ -83,11 +83,12 @@ def template(name: str) -> str:
   is ``h_#/2/scale``)."""
   parts = _PARTS.split(name)
   seen, inside, previous, staged = False, False, "", False
+  stacked = False  # under a stack no number names (vocabulary's rule)
   for i, part in enumerate(parts):
     if part in (".", "/", "~1"):
       continue
     if part.isdigit() and (
-      not previous or staged or vocabulary.indexes(previous, not seen, inside)
+      not previous or staged or vocabulary.indexes(previous, not seen and not inside, inside)
     ):
       parts[i], seen, inside = "#", True, False
     elif vocabulary.is_container(part, seen) or (not seen and vocabulary.is_stage(part)):
@@ -96,7 +97,8 @@ def template(name: str) -> str:
       parts[i], seen, inside, previous = part.rstrip("0123456789") + "#", True, False, part
       continue
     else:
-      inside = inside or (seen and vocabulary.in_role(part))
+      inside = inside or ((seen or stacked) and vocabulary.in_role(part))
+      stacked = stacked or "layers" in vocabulary.concepts(part).tokens
     previous, staged = part, False
   return "".join(parts)
 

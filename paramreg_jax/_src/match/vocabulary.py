@@ -381,12 +381,14 @@ def _words(
     elif word == "#":
       # the first number is a layer's; a later one only after a word that numbers its items
       # (``experts.3``, ``norms.2``, ``blocks.1``): ``mlp/0`` is a sequential's first module
-      if n == 0 or staged or indexes(shape[n - 1], not where, inside):
+      # (under a stack no number names, a part of a layer's list holds modules: equinox's
+      # mlp/layers/0 in a layer nnx.vmap stacked)
+      if n == 0 or staged or indexes(shape[n - 1], not where and not inside, inside):
         where.append((n, None))
         inside = False
     elif word:
       parts.append(word)
-      inside = inside or (bool(where) and in_role(word))
+      inside = inside or ((bool(where) or stacked) and in_role(word))
       stacked = stacked or "layers" in _fold((word,), False)[0]
     staged = False
   tokens, kind, bare = _fold(tuple(parts), bool(where))
