@@ -298,6 +298,13 @@ MUTATIONS = (
     ("tests/test_match_unseen.py", "-k", "qwen2"),
   ),
   Mutation(
+    "vocabulary: a list inside a stacked layer's part read as layers",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "      inside = inside or ((bool(where) or stacked) and in_role(word))",
+    "      inside = inside or (bool(where) and in_role(word))",
+    ("tests/test_match_unseen.py", "-k", "clip"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
