@@ -1172,6 +1172,17 @@ def gemma2_library():
   return "gemma2", {"transformer": t}
 
 
+def gemma2_library_scanned():
+  """:func:`gemma2_library` with its layers under ``nn.scan`` (``transformer/layers``, every
+  leaf stacked): the MLP's ``linear`` is the tensor left once ``gating_einsum`` took gate and
+  up in every layer."""
+  name, tree = gemma2_library()
+  t = tree["transformer"]
+  layers = [t.pop(f"layer_{i}") for i in range(2)]
+  t["layers"] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *layers)
+  return name, tree
+
+
 def _gemma2_maxtext_layer(c, i, suffix):
   """One Gemma 2 layer as MaxText names it, its modules ending ``_local`` or ``_global``."""
   p = f"model.layers.{i}."
@@ -1313,6 +1324,7 @@ MAPPED = {
     modernbert_fused,
     modernbert_split,
     gemma2_library,
+    gemma2_library_scanned,
     gemma2_maxtext,
     gemma2_maxtext_scanned,
     phi_haiku,

@@ -42,6 +42,7 @@ Examples:
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Collection
 from collections.abc import Mapping
 
@@ -123,7 +124,7 @@ def _close_stack(
   every layer): a container whose decided leaves each stack the same layers is those layers;
   when in each of them the tensors left are as many as its open leaves, the leaves left take
   the stacks left (a stack: the tensors named alike in every layer) as in a layer."""
-  layers = {tuple(_layers(decided[n], ck)) for n in members if n in decided}
+  layers = {_stacked_layers(decided[n], ck) for n in members if n in decided}
   if len(layers) != 1:
     return {}
   (stack,) = layers
@@ -150,6 +151,18 @@ def _close_stack(
 def _layers(keys: tuple[str, ...], ck: Checkpoint) -> list[Block]:
   """The layer of each of a stacked leaf's tensors, in its order (none: not a stack)."""
   return [ck.concepts[k].indices for k in keys if k in ck.concepts and ck.concepts[k].indices]
+
+
+def _stacked_layers(keys: tuple[str, ...], ck: Checkpoint) -> tuple[Block, ...]:
+  """The layers a stacked leaf's tensors come from, in order, each once: a leaf that joins
+  several tensors of every layer (Gemma's ``gating_einsum``: gate and up) or stacks its
+  experts takes each layer as often as the others; anything else is returned as read (and
+  its repeats stop closure)."""
+  seq = [c[:1] for c in _layers(keys, ck)]
+  once = tuple(dict.fromkeys(seq))
+  if once and len(set(collections.Counter(seq).values())) == 1:
+    return once
+  return tuple(seq)
 
 
 def _stack_edges(
