@@ -305,6 +305,13 @@ MUTATIONS = (
     ("tests/test_match_unseen.py", "-k", "clip"),
   ),
   Mutation(
+    "closure: a joined stacked leaf's repeated layers stop closure",
+    "paramreg_jax/_src/match/closure.py",
+    "  layers = {_stacked_layers(decided[n], ck) for n in members if n in decided}",
+    "  layers = {tuple(_layers(decided[n], ck)) for n in members if n in decided}",
+    ("tests/test_match_unseen.py", "-k", "gemma2"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
