@@ -952,6 +952,17 @@ def wav2vec2_equinox():
   return "wav2vec2", e
 
 
+def wav2vec2_equinox_vmapped():
+  """:func:`wav2vec2_equinox` with its encoder layers built by ``eqx.filter_vmap``: a
+  stacked layer's ``final_layer_norm`` is its MLP's norm (as in a numbered layer), not the
+  model's last."""
+  name, tree = wav2vec2_equinox()
+  layers = tree["encoder"]["layers"]
+  stacked = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *layers)
+  tree["encoder"]["layers"] = stacked
+  return name, tree
+
+
 def _deepseek_layer(c, i):
   """One DeepSeek-V3 layer as MaxText names it (see :func:`deepseek_maxtext`)."""
   p = f"model.layers.{i}."
@@ -1309,6 +1320,7 @@ MAPPED = {
     clip_equinox_vmapped,
     wav2vec2_flax,
     wav2vec2_equinox,
+    wav2vec2_equinox_vmapped,
     electra_haiku,
     bigcode_flax,
     swin_nnx,

@@ -391,7 +391,7 @@ def _words(
       inside = inside or ((bool(where) or stacked) and in_role(word))
       stacked = stacked or "layers" in _fold((word,), False)[0]
     staged = False
-  tokens, kind, bare = _fold(tuple(parts), bool(where))
+  tokens, kind, bare = _fold(tuple(parts), bool(where) or stacked)
   return tokens, kind, bare, tuple(where)
 
 
