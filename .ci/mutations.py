@@ -312,6 +312,13 @@ MUTATIONS = (
     ("tests/test_match_unseen.py", "-k", "gemma2"),
   ),
   Mutation(
+    "vocabulary: a stacked layer's final_layer_norm read as the model's",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "  tokens, kind, bare = _fold(tuple(parts), bool(where) or stacked)",
+    "  tokens, kind, bare = _fold(tuple(parts), bool(where))",
+    ("tests/test_match_unseen.py", "-k", "wav2vec2"),
+  ),
+  Mutation(
     "towers: anchors that disagree still align",
     "paramreg_jax/_src/match/towers.py",
     "agreed = {t: next(iter(cs)) for t, cs in said.items() if len(cs) == 1}",
