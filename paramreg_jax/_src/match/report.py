@@ -129,34 +129,10 @@ class Match(sets.RecipeSet):
     body = [[html_table.code(t), html_table.code(e), html.escape(w)] for t, e, w in self.rows()]
     return (
       f"<p>Match: {len(self.proposals)} parameters</p>"
-      + (
-        f"<p>From {html.escape(self.facts_from)}: "
-        + "; ".join(f"{html.escape(k)} = {html.escape(v)}" for k, v in self.facts)
-        + "</p>"
-        if self.facts
-        else ""
-      )
-      + (
-        "<p>Towers (aligned by their anchors): "
-        + ", ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.towers)
-        + "</p>"
-        if self.towers
-        else ""
-      )
-      + (
-        "<p>Layers (numbered across stages, in order): "
-        + ", ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.layers)
-        + "</p>"
-        if self.layers
-        else ""
-      )
-      + (
-        "<p>Stacks (the checkpoint layers each holds): "
-        + "; ".join(f"{html.escape(t)} = {html.escape(c)}" for t, c in self.stacks)
-        + "</p>"
-        if self.stacks
-        else ""
-      )
+      + _paragraph(f"From {self.facts_from}", self.facts, "; ")
+      + _paragraph("Towers (aligned by their anchors)", self.towers)
+      + _paragraph("Layers (numbered across stages, in order)", self.layers)
+      + _paragraph("Stacks (the checkpoint layers each holds)", self.stacks, "; ")
       + html_table.table(["target", "checkpoint", "why"], body, wrap=[1, 2])
     )
 
@@ -203,3 +179,11 @@ class Match(sets.RecipeSet):
 def code(r: ops.Recipe) -> str:
   """Python source that builds ``r`` with ``paramreg_jax.recipes as R``."""
   return r.code(code)
+
+
+def _paragraph(title: str, pairs: tuple[tuple[str, str], ...], sep: str = ", ") -> str:
+  """``<p>title: a = b, ...</p>`` of the evidence ``pairs`` (escaped); empty without any."""
+  if not pairs:
+    return ""
+  said = sep.join(f"{html.escape(a)} = {html.escape(b)}" for a, b in pairs)
+  return f"<p>{html.escape(title)}: {said}</p>"
