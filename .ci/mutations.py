@@ -384,7 +384,7 @@ MUTATIONS = (
   Mutation(
     "vocabulary: every number in a name a layer index",
     "paramreg_jax/_src/match/vocabulary.py",
-    "      if n == 0 or staged or indexes(shape[n - 1], not where, inside):\n",
+    "      if n == 0 or staged or indexes(shape[n - 1], not where and not inside, inside):\n",
     "      if True:\n",
     ("tests/test_match_refusals.py", "-k", "numbered_modules"),
   ),
