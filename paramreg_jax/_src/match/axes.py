@@ -251,8 +251,8 @@ def layer_splits(
   if len(ck.facts.layer_types) == count:  # the config's kind of each layer (sliding, full)
     for i, kind in enumerate(ck.facts.layer_types):
       signature.setdefault(i, set()).add(("layer_types", kind))
-  names = [s.name for s in slots]
-  pattern = _pattern(roots, names, count) if roots and len(roots) == len(sizes) else None
+  leaves = [s.name for s in slots]
+  pattern = _pattern(roots, leaves, count) if roots and len(roots) == len(sizes) else None
   if pattern is not None:
     return roots, count, [pattern[0]], pattern[1]
   split = len(roots) >= 2 and len(roots) == len(sizes) and sum(roots.values()) == count

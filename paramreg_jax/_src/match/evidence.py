@@ -249,30 +249,17 @@ class Checkpoint:
   # the problem when such stacks cannot be given their layers, and those stacks (their
   # leaves' own problems follow from it: not listed)
   split_problem: str | None = None
+  unsplit: tuple[str, ...] = ()
   # ``{target container: checkpoint layer}`` of a stacked pattern's remainder (MaxText's
   # ``layers_remainder/layers_{r}``: the layers after the pattern's blocks)
   layer_at: dict[str, int] = dataclasses.field(default_factory=dict)
-  unsplit: tuple[str, ...] = ()
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""
-    return Checkpoint(
-      {k: c for k, c in self.concepts.items() if k in keys},
-      {k: s for k, s in self.shapes.items() if k in keys},
-      self.facts,
-      self.convention,
-      self.conflict,
-      self.convention_by,
-      self.other_relation,
-      self.hinted_convention,
-      self.decided_relation,
-      self.bare_relations,
-      self.scan_axis,
-      self.towers,
-      self.stacks,
-      self.numbered,
-      self.layouts,
-      self.layer_sets,
+    return dataclasses.replace(
+      self,
+      concepts={k: c for k, c in self.concepts.items() if k in keys},
+      shapes={k: s for k, s in self.shapes.items() if k in keys},
     )
 
   def stack_layers(self, name: str, size: int) -> tuple[int, ...]:
@@ -324,9 +311,8 @@ def target_indices(name: str, indices: tuple[int, ...], ck: Checkpoint) -> tuple
   stacked pattern (``layers/layers_3``: it stacks layers 3, 9, ...), the layer after the
   pattern for its remainder's (``layers_remainder/layers_1``), ``indices`` otherwise."""
   for stack in ck.layer_sets:
-    if indices and "/*_" not in stack and name.startswith(f"{stack}/"):
-      if _PLACE.search(stack):
-        return ()
+    if indices and _PLACE.search(stack) and name.startswith(f"{stack}/"):
+      return ()
   for container, layer in ck.layer_at.items():
     if name.startswith(f"{container}/"):
       return (layer, *indices[1:])

@@ -385,6 +385,9 @@ def _split_layers(slots: list[Any], ck: evidence.Checkpoint, given: dict[str, An
   rest = tuple(sorted(set(range(count)) - {i for ls in hinted.values() for i in ls}))
   if not options and len(left) <= 1 and len(rest) == sum(roots[r] for r in left):
     options = [{**hinted, **{r: rest for r in left}}]  # the hints say all, or all but one
+  if len(options) == 1:  # nothing to choose between: no candidates to count
+    ck.layer_sets = options[0]
+    return
   names = [s.name for s in slots]
   stacked = [s for s in slots if any(evidence.in_stack(s.name, r) for r in roots)]
 
