@@ -647,3 +647,11 @@ def test_the_table_says_which_layers_each_stack_holds():
     "decoder/layers/layers_0": "0, 2, ..., 10",
     "decoder/layers/layers_1": "1, 3, ..., 11",
   }
+
+
+def test_a_name_hint_on_a_remainder_leaf_reads_the_layer_it_holds():
+  """``layers_remainder/layers_0`` holds layer 6 (after 3 blocks of 2): a hint naming layer
+  6's tensor is that leaf's, read at layer 6 (it was looked for at layer 0, and refused)."""
+  ck, expect = _pattern_target(7, 2, 1)
+  hints = {"decoder/layers_remainder/layers_0/mlp/wo/kernel": "model.layers.6.mlp.down_proj.weight"}
+  _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck), hints=hints))

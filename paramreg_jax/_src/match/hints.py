@@ -300,7 +300,8 @@ def check(
 def candidates_of(slot: Any, keys: list[str], ck: evidence.Checkpoint) -> list[Candidate]:
   """A name hint's candidates: the named tensors in every layout that fits, whatever the leaf
   is called; of a name that stands for several kinds (a module), the leaf's own kind."""
-  tc = concepts(slot.name)
+  tc = concepts(slot.name)  # at the layer the checkpoint counts (a pattern's remainder)
+  tc = dataclasses.replace(tc, indices=evidence.target_indices(slot.name, tc.indices, ck))
   found = candidates(tc, tuple(slot.shape), ck.restricted(set(keys)), hinted=True)
   if len(keys) > 1:
     own = [c for c in found if all(ck.concepts[k].kind == tc.kind for k in c.keys)]
