@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 
 import jax
@@ -654,4 +655,113 @@ def test_a_name_hint_on_a_remainder_leaf_reads_the_layer_it_holds():
   6's tensor is that leaf's, read at layer 6 (it was looked for at layer 0, and refused)."""
   ck, expect = _pattern_target(7, 2, 1)
   hints = {"decoder/layers_remainder/layers_0/mlp/wo/kernel": "model.layers.6.mlp.down_proj.weight"}
+  _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck), hints=hints))
+
+
+# --- a stage's blocks stacked: ``stages/1/blocks/fc1/kernel [blocks, in, out]`` ---------------
+
+
+def _staged(depths, widths=(4, 6, 8), scale="gamma"):
+  """A ConvNeXt-like checkpoint (``encoder.stages.{s}.layers.{b}.*``; a stage's width its
+  own) and the target that scans each stage's blocks (the stages a list)."""
+  ck, expect = {}, {"stages": []}
+  parts = {
+    "norm.weight": 1,
+    "norm.bias": 1,
+    "fc1.weight": (4, 1),
+    "fc1.bias": 4,
+    "fc2.weight": (1, 4),
+    "fc2.bias": 1,
+    "layer_scale": 1,
+  }
+  for s, (d, w) in enumerate(zip(depths, widths)):
+    stage = {}
+    if s:
+      ck[f"encoder.stages.{s}.downsample.weight"] = _rand(w, widths[s - 1])
+      stage["proj"] = {"kernel": ck[f"encoder.stages.{s}.downsample.weight"].T}
+    blocks = []
+    for b in range(d):
+      q = f"encoder.stages.{s}.layers.{b}."
+      for part, k in parts.items():
+        ck[q + part] = _rand(*(np.atleast_1d(k) * w))
+      blocks.append(
+        {
+          "norm": {"scale": ck[q + "norm.weight"], "bias": ck[q + "norm.bias"]},
+          "fc1": {"kernel": ck[q + "fc1.weight"].T, "bias": ck[q + "fc1.bias"]},
+          "fc2": {"kernel": ck[q + "fc2.weight"].T, "bias": ck[q + "fc2.bias"]},
+          scale: ck[q + "layer_scale"],
+        }
+      )
+    stage["blocks"] = jax.tree.map(lambda *xs: np.stack(xs), *blocks)
+    expect["stages"].append(stage)
+  return ck, expect
+
+
+@pytest.mark.parametrize("depths", [(2, 2, 2), (1, 3, 2), (3, 1, 2)])
+def test_a_stages_stacked_blocks_are_that_stages_blocks(depths):
+  """Each stage's stack takes its own stage's blocks, as many as it holds (stages of
+  different depths; one of a single block)."""
+  ck, expect = _staged(depths)
+  m = prj.match(_target(expect), MemorySource(ck))
+  _assert_restores(expect, ck, m)
+  assert set(re.findall(r"stages\.(\d)", _rows(m)["stages/1/blocks/fc1/kernel"])) == {"1"}
+
+
+def test_closure_in_a_stages_stacked_blocks_reads_that_stage():
+  """``blob`` (no name says it) is the stack left once every other leaf of the stage's stacked
+  blocks took its own: reported as closure over that stage's blocks; in a stage of one block,
+  over that block."""
+  ck, expect = _staged((1, 3, 2), scale="blob")
+  m = prj.match(_target(expect), MemorySource(ck))
+  _assert_restores(expect, ck, m)
+  reasons = {t: why for t, _, why in m.rows()}
+  assert "closure: the last stack of layers (1, 0)..(1, 2)" in reasons["stages/1/blocks/blob"]
+  assert "closure: the last tensor of layer (0, 0)" in reasons["stages/0/blocks/blob"]
+
+
+def test_no_closure_in_a_stage_after_a_hint():
+  """A hint in a stage's stacked blocks is the user's word, not evidence about the rest: with
+  one in every stage, every ``blob`` is asked (with one in some, the others' closure is the
+  choice in every stage, as for any layer)."""
+  ck, expect = _staged((1, 3, 2), scale="blob")
+  hints = {
+    f"stages/{s}/blocks/norm/scale": f"encoder.stages.{s}.layers.{{i}}.norm.weight"
+    for s in range(3)
+  }
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(_target(expect), MemorySource(ck), hints=hints)
+  assert sorted(t for p in e.value.problems for t in p.targets) == [
+    f"stages/{s}/blocks/blob" for s in range(3)
+  ]
+  del hints["stages/1/blocks/norm/scale"]
+  m = prj.match(_target(expect), MemorySource(ck), hints=hints)
+  _assert_restores(expect, ck, m)
+  assert "as in stages/1/blocks/blob" in {t: w for t, _, w in m.rows()}["stages/0/blocks/blob"]
+
+
+def test_a_stages_stacked_blocks_asked_are_answered_by_uncommenting_lines():
+  """Two norms no name tells apart (``a``, ``c``) in every stage's stacked blocks: asked, the
+  true stack among each question's lines, and uncommenting those lines restores every value."""
+  ck, expect = _staged((2, 3, 2))
+  for s, stage in enumerate(expect["stages"]):
+    blocks = stage["blocks"]
+    blocks["a"] = blocks.pop("norm")
+    depth, width = blocks["a"]["scale"].shape
+    for part in ("weight", "bias"):
+      for b in range(depth):
+        ck[f"encoder.stages.{s}.layers.{b}.norm2.{part}"] = _rand(width)
+    blocks["c"] = {
+      name: np.stack([ck[f"encoder.stages.{s}.layers.{b}.norm2.{part}"] for b in range(depth)])
+      for name, part in (("scale", "weight"), ("bias", "bias"))
+    }
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(_target(expect), MemorySource(ck))
+  true = {"a": "norm.", "c": "norm2.", "gamma": "layer_scale"}
+  hints = {}
+  for line in str(e.value).splitlines():
+    if (found := re.match(r'\s*# "(stages/\d/blocks/(\w+)\S*)": "(.*)",$', line)) is not None:
+      leaf, module, key = found.groups()
+      if key.partition("{i}.")[2].startswith(true[module]):
+        hints[leaf] = key
+  assert len(hints) == 15  # a, c (scale, bias) and gamma in each of 3 stages
   _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck), hints=hints))

@@ -1183,6 +1183,29 @@ def gemma2_library():
   return "gemma2", {"transformer": t}
 
 
+def _stages_scanned(tree, stages):
+  """Each stage's ``blocks`` under ``nn.scan``/``nnx.scan``: one leaf per parameter, the
+  stage's blocks on axis 0; the stages stay a list (their widths differ)."""
+  for stage in tree[stages]:
+    stage["blocks"] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *stage["blocks"])
+  return tree
+
+
+def convnext_timm_scanned():
+  """:func:`convnext_timm` with each stage's blocks scanned (``stages/1/blocks/fc1/kernel``
+  ``[blocks, in, out]``): a stage's stack holds that stage's blocks, and closure (``gamma``,
+  ``conv_dw``) reads them."""
+  name, tree = convnext_timm()
+  return name, _stages_scanned(tree, "stages")
+
+
+def swin_nnx_scanned():
+  """:func:`swin_nnx` with each stage's blocks scanned (``layers/1/blocks/attn/q/kernel``):
+  the stage is ``layers/1``, and its ``blocks`` a stack of its own."""
+  name, tree = swin_nnx()
+  return name, _stages_scanned(tree, "layers")
+
+
 def gemma2_library_scanned():
   """:func:`gemma2_library` with its layers under ``nn.scan`` (``transformer/layers``, every
   leaf stacked): the MLP's ``linear`` is the tensor left once ``gating_einsum`` took gate and
@@ -1311,6 +1334,7 @@ MAPPED = {
   f.__name__: f
   for f in (
     convnext_timm,
+    convnext_timm_scanned,
     convnext_flax,
     qwen3_vmap,
     dinov2_bigvision,
@@ -1324,6 +1348,7 @@ MAPPED = {
     electra_haiku,
     bigcode_flax,
     swin_nnx,
+    swin_nnx_scanned,
     swin_flax_auto,
     qwen3_gemma_style,
     electra_nnx_vit_like,
@@ -1381,6 +1406,8 @@ WITHOUT_CONFIG = (
   "modernbert_fused",
   "phi_haiku",
   "mamba_flax",
+  "convnext_timm_scanned",
+  "swin_nnx_scanned",
 )
 
 

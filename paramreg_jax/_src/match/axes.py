@@ -166,6 +166,22 @@ def stack_root(name: str, ck: Checkpoint) -> str | None:
   return None
 
 
+def nested_stack(name: str) -> str | None:
+  """The stack of a leaf that stacks the blocks of one numbered stage
+  (``stages/1/blocks/fc1/kernel``: ``nn.scan`` over a stage's blocks, the stage a list item),
+  ``stages/1/blocks``: a word that says layers and nothing else after the name's last
+  number; None for any other."""
+  parts = name.split("/")
+  last = max((j for j, p in enumerate(parts) if p.isdigit() or is_container(p)), default=None)
+  if last is None:
+    return None
+  for j in range(last + 1, len(parts) - 1):
+    word = concepts(parts[j])
+    if word.tokens - {word.kind} == {"layers"}:  # ``blocks``, not ``attention_layer``
+      return "/".join(parts[: j + 1])
+  return None
+
+
 def _place(parts: list[str]) -> str | None:
   """A place of a stacked pattern of layers: ``decoder/layers/layers_3`` (MaxText's Gemma 3
   scans blocks of 6 layers, each block's layers ``layers_0`` .. ``layers_5``), the numbered

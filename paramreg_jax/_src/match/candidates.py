@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from paramreg_jax._src.match.axes import nested_stack
 from paramreg_jax._src.match.axes import orientation
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
@@ -415,17 +416,21 @@ def _stacked(
   """A target whose axes stack per-layer (``layers``) and/or per-expert (``experts``) or
   per-head (``heads``: StableLM's one norm module per head) tensors of one name template:
   ``[L, ...]``, ``[E, ...]`` in a layer, ``[L, E, ...]``, ``[H, ...]``, ``[L, H, ...]``; with
-  the layers on axis 1 (MaxText's ``param_scan_axis``) ``[.., L, ...]`` and ``[E, L, ...]``.
-  A hint's tensors stack whatever the target is called (``ScanBlock_0/...``)."""
+  the layers on axis 1 (MaxText's ``param_scan_axis``) ``[.., L, ...]`` and ``[E, L, ...]``;
+  a numbered stage's stacked blocks (``stages/1/blocks/fc1/kernel``, :func:`nested_stack`)
+  ``[B, ...]`` from that stage's ``B`` blocks. A hint's tensors stack whatever the target is
+  called (``ScanBlock_0/...``)."""
   out = []
   per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
   n = len(tc.indices)
+  nested = bool(n) and nested_stack(tc.name) is not None
   for (tokens, kind, _), by_index in ck.templates.items():
     if kind != tc.kind and not hinted:
       continue
     inner = "heads" if "heads" in tokens else "experts"
     for depth in (1, 2):
-      levels = (("layers",) if not n else ()) + (inner,) * (depth - (not n))
+      outer = ("layers",) if not n or nested else ()
+      levels = outer + (inner,) * (depth - len(outer))
       if len(levels) != depth or len(shape) <= depth or not set(levels) <= tokens | {"layers"}:
         continue
       # a target names its layer and expert axes (a MoE block's weights are its experts'),
@@ -437,7 +442,9 @@ def _stacked(
         idx[n:]: k for idx, k in by_index.items() if idx[:n] == tc.indices and len(idx) == n + depth
       }
       # a leaf not named as stacked (a hint's) is stacked on axis 1 only where the target says
-      scan = ck.scan_axis if ck.scan_axis is not None or "layers" in tc.tokens else 0
+      # (a stage's stacked blocks: on axis 0 unless the target said otherwise)
+      named_layers = "layers" in tc.tokens and not nested
+      scan = ck.scan_axis if ck.scan_axis is not None or named_layers else 0
       for axes in _placements(levels, scan, depth):
         held = [
           ck.stack_layers(tc.name, shape[a]) if lv == "layers" else range(shape[a])

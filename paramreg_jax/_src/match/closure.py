@@ -47,6 +47,7 @@ from collections.abc import Collection
 from collections.abc import Mapping
 
 from paramreg_jax._src.match import coherence
+from paramreg_jax._src.match.axes import nested_stack
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.evidence import Checkpoint
 
@@ -67,9 +68,13 @@ def settle(
   each decided leaf; ``hinted``: the layers where a hint decided a leaf; ``hinted_leaves``:
   the leaves a hint decided."""
   members: dict[Block, list[str]] = {}
+  stages: dict[str, list[str]] = {}  # a numbered stage's stacked blocks (nested_stack)
   for name, block in blocks.items():
-    if block:
+    if block and (root := nested_stack(name)) is not None:
+      stages.setdefault(root, []).append(name)
+    elif block:
       members.setdefault(block, []).append(name)
+  stacked = _stage_stacks(stages, decided, blocks, ck, hinted, members)
   used = {k for keys in decided.values() for k in keys}
   out: dict[str, tuple[Candidate, str]] = {}
   for block, names in members.items():
@@ -78,6 +83,8 @@ def settle(
     left = [n for n in names if n not in decided]
     free = [k for k in ck.by_layer.get(block, ()) if k not in used]
     out.update(_close(left, free, open_, f"the last tensor of layer {block} that fits it"))
+  for names, depth in stacked:
+    out.update(_close_stack(names, open_, decided, ck, used, depth))
   # outside the layers: the container each open leaf sits in, as a module of its own, then
   # as a stacked block
   containers = _containers(open_, decided, blocks, frozenset(hinted_leaves))
@@ -85,6 +92,32 @@ def settle(
     out.update(_close_container(container, names, open_, decided, ck, used))
   for _, names in containers:
     out.update(_close_stack(names, open_, decided, ck, used))
+  return out
+
+
+def _stage_stacks(
+  stages: Mapping[str, list[str]],
+  decided: Mapping[str, tuple[str, ...]],
+  blocks: Mapping[str, Block],
+  ck: Checkpoint,
+  hinted: Collection[Block],
+  members: dict[Block, list[str]],
+) -> list[tuple[list[str], int]]:
+  """``(leaves, depth)`` of each stage's stacked blocks (``stages/1/blocks``) that closure
+  reads as a stack of the checkpoint's blocks of that stage (their numbers ``depth`` deep).
+  Where the decided leaves hold one block only (a stage of one block, or a module named
+  ``block`` in a layer that is no stack), their leaves join that block in ``members``."""
+  out = []
+  for names in stages.values():
+    block = blocks[names[0]]
+    if block in hinted:
+      continue
+    depth = len(block) + 1
+    layers = {_stacked_layers(decided[n], ck, depth) for n in names if n in decided}
+    if len(layers) == 1 and len(one := next(iter(layers))) == 1:
+      members.setdefault(one[0], []).extend(names)
+    else:
+      out.append((names, depth))
   return out
 
 
@@ -119,12 +152,13 @@ def _close_stack(
   decided: Mapping[str, tuple[str, ...]],
   ck: Checkpoint,
   used: set[str],
+  depth: int = 1,
 ) -> dict[str, tuple[Candidate, str]]:
   """Closure inside a stacked block (``nn.scan``, ``nnx.vmap``: one leaf holds a tensor of
   every layer): a container whose decided leaves each stack the same layers is those layers;
   when in each of them the tensors left are as many as its open leaves, the leaves left take
   the stacks left (a stack: the tensors named alike in every layer) as in a layer."""
-  layers = {_stacked_layers(decided[n], ck) for n in members if n in decided}
+  layers = {_stacked_layers(decided[n], ck, depth) for n in members if n in decided}
   if len(layers) != 1:
     return {}
   (stack,) = layers
@@ -144,7 +178,8 @@ def _close_stack(
   if len(left) != len(ids) or any(n not in open_ for n in left):
     return {}
   edges = {n: _stack_edges(open_[n], ids) for n in left}
-  why = f"the last stack of layers {stack[0][0]}..{stack[-1][0]} that fits it"
+  first, last = (_layer_name(stack[i]) for i in (0, -1))
+  why = f"the last stack of layers {first}..{last} that fits it"
   return {n: (c, why) for n, c in _forced(edges).items()}
 
 
@@ -153,12 +188,16 @@ def _layers(keys: tuple[str, ...], ck: Checkpoint) -> list[Block]:
   return [ck.concepts[k].indices for k in keys if k in ck.concepts and ck.concepts[k].indices]
 
 
-def _stacked_layers(keys: tuple[str, ...], ck: Checkpoint) -> tuple[Block, ...]:
+def _layer_name(layer: Block) -> str:
+  return str(layer[0]) if len(layer) == 1 else str(layer)
+
+
+def _stacked_layers(keys: tuple[str, ...], ck: Checkpoint, depth: int = 1) -> tuple[Block, ...]:
   """The layers a stacked leaf's tensors come from, in order, each once: a leaf that joins
   several tensors of every layer (Gemma's ``gating_einsum``: gate and up) or stacks its
   experts takes each layer as often as the others; anything else is returned as read (and
   its repeats stop closure)."""
-  seq = [c[:1] for c in _layers(keys, ck)]
+  seq = [c[:depth] for c in _layers(keys, ck)]
   once = tuple(dict.fromkeys(seq))
   if once and len(set(collections.Counter(seq).values())) == 1:
     return once
