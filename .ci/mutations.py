@@ -209,8 +209,8 @@ MUTATIONS = (
   Mutation(
     "closure: decided in a block where a hint decided a leaf",
     "paramreg_jax/_src/match/closure.py",
-    "    if block in hinted:\n",
-    "    if False:\n",
+    "    if block in hinted:\n      continue\n    left",
+    "    if False:\n      continue\n    left",
     ("tests/test_match_closure.py", "-k", "after_a_hint"),
   ),
   Mutation(
@@ -307,9 +307,23 @@ MUTATIONS = (
   Mutation(
     "closure: a joined stacked leaf's repeated layers stop closure",
     "paramreg_jax/_src/match/closure.py",
-    "  layers = {_stacked_layers(decided[n], ck) for n in members if n in decided}",
+    "  layers = {_stacked_layers(decided[n], ck, depth) for n in members if n in decided}",
     "  layers = {tuple(_layers(decided[n], ck)) for n in members if n in decided}",
     ("tests/test_match_unseen.py", "-k", "gemma2"),
+  ),
+  Mutation(
+    "candidates: a stage's stacked blocks read as one unstacked layer",
+    "paramreg_jax/_src/match/candidates.py",
+    "  nested = bool(n) and nested_stack(tc.name) is not None",
+    "  nested = False",
+    ("tests/test_match_unseen.py", "-k", "scanned"),
+  ),
+  Mutation(
+    "closure: decided in a stage's stacked blocks after a hint there",
+    "paramreg_jax/_src/match/closure.py",
+    "    if block in hinted:\n      continue\n    depth",
+    "    depth",
+    ("tests/test_match_layouts.py", "-k", "stage"),
   ),
   Mutation(
     "vocabulary: a stacked layer's final_layer_norm read as the model's",
