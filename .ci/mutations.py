@@ -236,7 +236,7 @@ MUTATIONS = (
   ),
   Mutation(
     "stacks: a subtree whose leaves lead with any one size is a stack",
-    "paramreg_jax/_src/match/axes.py",
+    "paramreg_jax/_src/match/stacks.py",
     "len(ls) == 1 and next(iter(ls)) in counts",
     "len(ls) == 1",
     ("tests/test_match_layouts.py", "-k", "without_the_evidence"),
@@ -250,14 +250,14 @@ MUTATIONS = (
   ),
   Mutation(
     "split stacks: the first way the sizes allow, whatever the leaves find",
-    "paramreg_jax/_src/match/propose.py",
+    "paramreg_jax/_src/match/shares.py",
     "  best = [o for o, n in zip(options, scores) if n == max(scores)]\n",
     "  best = options[:1]\n",
     ("tests/test_match_layouts.py", "-k", "split_the_layers or either_way"),
   ),
   Mutation(
     "groups: a local/global group takes layers whatever their layer_types",
-    "paramreg_jax/_src/match/propose.py",
+    "paramreg_jax/_src/match/shares.py",
     "  scores = [(found(o), agreed(o)) for o in options]\n",
     "  scores = [(found(o), 0) for o in options]\n",
     ("tests/test_match_layouts.py", "-k", "group"),
@@ -271,7 +271,7 @@ MUTATIONS = (
   ),
   Mutation(
     "pattern: a stacked pattern's places take contiguous layers",
-    "paramreg_jax/_src/match/axes.py",
+    "paramreg_jax/_src/match/stacks.py",
     "shares = {places[r]: tuple(p * j + r for j in range(size)) for r in places}",
     "shares = {places[r]: tuple(r * size + j for j in range(size)) for r in places}",
     ("tests/test_match_layouts.py", "-k", "pattern"),

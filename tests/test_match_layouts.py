@@ -16,7 +16,7 @@ from abstract import sds as _sds
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
-from paramreg_jax._src.match import axes
+from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 
@@ -179,7 +179,7 @@ def _stack_case(leaves, layers=3):
   keys = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(layers)]
   ck = Checkpoint({k: concepts(k) for k in keys}, {k: (8, 4) for k in keys})
   slots = [types.SimpleNamespace(name=n, shape=s) for n, s in leaves.items()]
-  return axes.stacks(slots, ck)
+  return stacks.stacks(slots, ck)
 
 
 def test_a_subtree_whose_leaves_all_lead_with_the_layer_count_is_a_stack():
@@ -489,7 +489,7 @@ def test_groups_whose_words_say_nothing_of_the_layer_types_are_asked():
   ],
 )
 def test_no_groups_without_every_module_named_alike_but_for_a_word(children):
-  assert axes.groups({f"layers/{c}/w": "layers" for c in children}) == {}
+  assert stacks.groups({f"layers/{c}/w": "layers" for c in children}) == {}
 
 
 @pytest.mark.parametrize(

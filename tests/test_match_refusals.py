@@ -538,7 +538,7 @@ def test_numbered_modules_are_a_layers_own_not_layers():
 def test_a_stack_no_word_names_maps_with_no_hints(name, stack, tmp_path):
   """An NNX-style stack (every layer on axis 0) under the name linen's ``nn.scan`` gives a
   lifted block (``ScanDecoderLayer_0``) or one the user gave it (``decoder``): its leaves all
-  lead with the checkpoint's layer count, so they are the layers (``axes.stacks``)."""
+  lead with the checkpoint's layer count, so they are the layers (``stacks.stacks``)."""
   *model, target, src, truth = _case(name, True, tmp_path, "nnx")
   target[stack] = target.pop("layers")
   assert _restores_as_pytorch(*model, target, src, truth, {f"{stack}/": "layers/"}) == 0

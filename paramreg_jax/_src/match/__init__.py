@@ -9,9 +9,11 @@ the concept (data flows down the list):
    ``query``/``wq`` -> ``q``, ``weight``/``kernel``/``scale``/``embedding`` -> ``w``,
    ``input_layernorm`` -> ``attn norm`` ...). Two names are compared by their overlap.
 2. ``evidence``: what the checkpoint says about itself (``config.json``: model type, head
-   counts, tied embeddings, fused layouts); ``axes``: where each target leaf keeps its axes
-   next to the stored tensor's (``[in, out]`` or ``[out, in]``, the layers' stacking axis),
-   from the config and the target's own shapes.
+   counts, tied embeddings, fused layouts); ``axes``: how each target leaf keeps its axes
+   next to the stored tensor's (``[in, out]`` or ``[out, in]``), from the config and the
+   target's own shapes; ``stacks``: which target subtrees stack the checkpoint's layers, on
+   which axis, and every way stacks that split the layers may hold them (``shares``
+   chooses one, or asks).
 3. ``candidates``: the tensors a layout change can turn into each target: the same shape, a
    transpose, heads split or merged, a conv kernel, one part of a fused tensor, the parts
    joined, each stacked over layers (and experts).

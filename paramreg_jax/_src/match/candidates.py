@@ -15,12 +15,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from paramreg_jax._src.match.axes import nested_stack
 from paramreg_jax._src.match.axes import orientation
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
 from paramreg_jax._src.match.evidence import layout_by_name
 from paramreg_jax._src.match.evidence import linear_target
+from paramreg_jax._src.match.stacks import nested_stack
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.selection import Range

@@ -47,9 +47,9 @@ from collections.abc import Collection
 from collections.abc import Mapping
 
 from paramreg_jax._src.match import coherence
-from paramreg_jax._src.match.axes import nested_stack
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.evidence import Checkpoint
+from paramreg_jax._src.match.stacks import nested_stack
 
 Block = tuple[int, ...]
 

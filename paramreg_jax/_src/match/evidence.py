@@ -244,7 +244,7 @@ class Checkpoint:
   # ``{fused key: (layout, head size or None)}``: what the user's layout hints say
   layouts: dict[str, tuple[str, int | None]] = dataclasses.field(default_factory=dict)
   # ``{target stack: the checkpoint layers it holds, in order}`` where two or more stacks
-  # hold the layers between them (``axes.layer_splits``); a stack not named holds them all
+  # hold the layers between them (``stacks.layer_splits``); a stack not named holds them all
   layer_sets: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
   # the problem when such stacks cannot be given their layers, and those stacks (their
   # leaves' own problems follow from it: not listed)
@@ -420,7 +420,7 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   facts = ck.facts
   c = concepts(vocabulary.as_layernorm(_plain(name, ck)))
   c = dataclasses.replace(c, name=name, indices=target_indices(name, c.indices, ck))
-  if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (axes.stacks)
+  if any(name.startswith(f"{p}/") for p in ck.stacks):  # a stack no word names (stacks.stacks)
     c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))

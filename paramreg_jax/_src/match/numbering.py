@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 
-from paramreg_jax._src.match import axes
+from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 
@@ -104,7 +104,7 @@ def in_groups(
   layer_types: Sequence[str],
 ) -> tuple[dict[str, Concepts], str | None, tuple[str, ...]]:
   """``folded`` with each checkpoint layer read as the target layer and group that hold it,
-  where every numbered target layer (``0 .. N-1``) holds the same groups (``axes.groups``),
+  where every numbered target layer (``0 .. N-1``) holds the same groups (``stacks.groups``),
   each group's word names a kind of layer (``local``: sliding attention, ``global``: full),
   and the config's ``layer_types`` gives the checkpoint N layers of each: its ``j``-th layer
   of a kind is layer ``j``, with the group's word among its concepts. Returns that, a
@@ -130,12 +130,12 @@ def in_groups(
   layers = {concepts(name).indices for name in at}
   if any(len(i) != 1 for i in layers) or sorted(layers) != [(j,) for j in range(len(layers))]:
     return folded, None, ()
-  found = axes.groups(at)
+  found = stacks.groups(at)
   words = set(found.values())
   if len(found) != len(layers) or len(words) != 1:
     return folded, None, ()
   (word_set,) = words
-  kind_of = {w: axes.GROUP_KINDS.get(w) for w in word_set}
+  kind_of = {w: stacks.GROUP_KINDS.get(w) for w in word_set}
   numbered = {k: c for k, c in folded.items() if c.indices}
   count = 1 + max((c.indices[0] for c in numbered.values()), default=-1)
   kinds = set(kind_of.values())
