@@ -1,9 +1,9 @@
 """Generates the tiny Hugging Face checkpoints under ``tests/data/unseen/`` (run once, committed).
 
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
-CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet, DeepSeek-V3 (latent
-attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi and Mamba, each
-randomly initialised at toy size and saved as ``save_pretrained`` writes it
+BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
+DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi
+and Mamba, each randomly initialised at toy size and saved as ``save_pretrained`` writes it
 (``model.safetensors``, ``config.json``). ``tests/test_match_unseen.py`` writes targets for
 them in the styles JAX code is written in (flax auto-names, big_vision, timm sequentials,
 haiku, equinox, stacked layers) and checks every restored leaf against a conversion written
@@ -84,6 +84,28 @@ CASES = {
   "swin": lambda: tf.SwinModel(
     tf.SwinConfig(
       image_size=32, patch_size=4, embed_dim=8, depths=[2, 2], num_heads=[2, 4], window_size=4
+    )
+  ),
+  # BEiT: layer scales named lambda_1/lambda_2, no key bias, a relative position table per layer
+  "beit": lambda: tf.BeitModel(
+    tf.BeitConfig(
+      **_VISION,
+      use_relative_position_bias=True,
+      layer_scale_init_value=0.5,
+      use_mean_pooling=True,
+    )
+  ),
+  # SegFormer (MiT): stages of blocks numbered twice (block.{s}.{b}), spatial reduction
+  "segformer": lambda: tf.SegformerModel(
+    tf.SegformerConfig(
+      num_encoder_blocks=2,
+      depths=[2, 2],
+      sr_ratios=[2, 1],
+      hidden_sizes=[8, 16],
+      patch_sizes=[7, 3],
+      strides=[4, 2],
+      num_attention_heads=[1, 2],
+      mlp_ratios=[4, 4],
     )
   ),
   "electra": lambda: tf.ElectraModel(tf.ElectraConfig(**_TEXT, embedding_size=16)),

@@ -1183,6 +1183,67 @@ def gemma2_library():
   return "gemma2", {"transformer": t}
 
 
+def beit_timm():
+  """BEiT as timm writes it, ported to flax: ``attn/qkv`` fused ``[q|k|v]`` with no bias
+  beside ``q_bias``/``v_bias`` (the checkpoint has no key bias), a relative position table
+  per block, layer scales ``gamma_1``/``gamma_2`` (the checkpoint's ``lambda_1``/``lambda_2``),
+  ``fc_norm`` over the mean-pooled patches."""
+  c = ld("beit")
+  e = {
+    "cls_token": c["embeddings.cls_token"],
+    "patch_embed": {
+      "proj": {
+        "kernel": conv2(c["embeddings.patch_embeddings.projection.weight"]),
+        "bias": c["embeddings.patch_embeddings.projection.bias"],
+      }
+    },
+    "blocks": [],
+  }
+  for i in range(2):
+    q = f"encoder.layer.{i}."
+    a = q + "attention.attention."
+    qkv = [T(c[f"{a}{n}.weight"]) for n in ("query", "key", "value")]
+    e["blocks"].append(
+      {
+        "norm1": {
+          "scale": c[q + "layernorm_before.weight"],
+          "bias": c[q + "layernorm_before.bias"],
+        },
+        "attn": {
+          "qkv": {"kernel": np.concatenate(qkv, axis=1)},
+          "q_bias": c[a + "query.bias"],
+          "v_bias": c[a + "value.bias"],
+          "relative_position_bias_table": c[
+            a + "relative_position_bias.relative_position_bias_table"
+          ],
+          "proj": {
+            "kernel": T(c[q + "attention.output.dense.weight"]),
+            "bias": c[q + "attention.output.dense.bias"],
+          },
+        },
+        "gamma_1": c[q + "lambda_1"],
+        "gamma_2": c[q + "lambda_2"],
+        "norm2": {"scale": c[q + "layernorm_after.weight"], "bias": c[q + "layernorm_after.bias"]},
+        "mlp": {
+          "fc1": {
+            "kernel": T(c[q + "intermediate.dense.weight"]),
+            "bias": c[q + "intermediate.dense.bias"],
+          },
+          "fc2": {"kernel": T(c[q + "output.dense.weight"]), "bias": c[q + "output.dense.bias"]},
+        },
+      }
+    )
+  e["fc_norm"] = {"scale": c["pooler.layernorm.weight"], "bias": c["pooler.layernorm.bias"]}
+  return "beit", e
+
+
+def beit_timm_scanned():
+  """:func:`beit_timm` with its blocks under ``nn.scan`` (``blocks/attn/qkv/kernel [L, D, 3D]``)."""
+  name, tree = beit_timm()
+  stacked = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *tree["blocks"])
+  return name, {**tree, "blocks": stacked}
+
+
 def _stages_scanned(tree, stages):
   """Each stage's ``blocks`` under ``nn.scan``/``nnx.scan``: one leaf per parameter, the
   stage's blocks on axis 0; the stages stay a list (their widths differ)."""
@@ -1335,6 +1396,8 @@ MAPPED = {
   for f in (
     convnext_timm,
     convnext_timm_scanned,
+    beit_timm,
+    beit_timm_scanned,
     convnext_flax,
     qwen3_vmap,
     dinov2_bigvision,
@@ -1408,6 +1471,8 @@ WITHOUT_CONFIG = (
   "mamba_flax",
   "convnext_timm_scanned",
   "swin_nnx_scanned",
+  "beit_timm",
+  "beit_timm_scanned",
 )
 
 

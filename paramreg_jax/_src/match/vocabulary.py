@@ -142,10 +142,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "attn_norm": ("attn", "norm"),
   "xattn_norm": ("xattn", "norm"),
   # a layer scale (CaiT, DINOv2, ConvNeXt): a learned per-channel gain on a sublayer's output;
-  # the first (ls1, layer_scale1, gamma_1) scales the attention's, the second the MLP's
+  # the first (ls1, layer_scale1, gamma_1; BEiT's lambda_1) scales the attention's, the
+  # second the MLP's
   **{w: ("layerscale",) for w in ("layer_scale", "layerscale", "layer_scale_parameter")},
-  **{w: ("layerscale", "attn") for w in ("ls1", "layer_scale1", "gamma_1")},
-  **{w: ("layerscale", "mlp") for w in ("ls2", "layer_scale2", "gamma_2")},
+  **{w: ("layerscale", "attn") for w in ("ls1", "layer_scale1", "gamma_1", "lambda_1")},
+  **{w: ("layerscale", "mlp") for w in ("ls2", "layer_scale2", "gamma_2", "lambda_2")},
   "lambda1": ("w",),  # DINOv2: layer_scale1.lambda1
   # weight norm: torch's gain (``parametrizations.weight.original0``, ``weight_g``) is flax
   # nn.WeightNorm's ``scale``; the direction (``original1``, ``weight_v``) the module's weight
