@@ -326,6 +326,20 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "stage"),
   ),
   Mutation(
+    "decide: a leaf's own path breaks no tie",
+    "paramreg_jax/_src/match/decide.py",
+    "    same = _same_path(slot.name, cands[: len(rivals) + 1]) if rivals else None",
+    "    same = None",
+    ("tests/test_match_unseen.py", "-k", "segformer"),
+  ),
+  Mutation(
+    "numbering: a list of lists' second number read as a module's place",
+    "paramreg_jax/_src/match/numbering.py",
+    "    if len(items) >= 2 and len({frozenset(rest) for rest in items.values()}) == 1",
+    "    if False",
+    ("tests/test_match_layouts.py", "-k", "list_of_lists"),
+  ),
+  Mutation(
     "vocabulary: a stacked layer's final_layer_norm read as the model's",
     "paramreg_jax/_src/match/vocabulary.py",
     "  tokens, kind, bare = _fold(tuple(parts), bool(where) or stacked)",

@@ -765,3 +765,49 @@ def test_a_stages_stacked_blocks_asked_are_answered_by_uncommenting_lines():
         hints[leaf] = key
   assert len(hints) == 15  # a, c (scale, bias) and gamma in each of 3 stages
   _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck), hints=hints))
+
+
+# --- a list of lists: ``blocks.{stage}.{block}`` ------------------------------------------------
+
+
+def _list_of_lists(depths=(2, 3), widths=(4, 6)):
+  """timm's EfficientNet layout (``blocks.{stage}.{block}.conv_pw.weight``: a list of stages,
+  each a list of blocks) and a target that keeps the two numbers but names its own modules."""
+  ck, expect = {}, {"blocks": []}
+  for s, (d, w) in enumerate(zip(depths, widths)):
+    stage = []
+    for b in range(d):
+      q = f"blocks.{s}.{b}."
+      ck[q + "conv_pw.weight"] = _rand(2 * w, w)
+      ck[q + "bn1.weight"] = _rand(2 * w)
+      ck[q + "bn1.bias"] = _rand(2 * w)
+      ck[q + "layer_scale"] = _rand(2 * w)
+      stage.append(
+        {
+          "pointwise": {"kernel": ck[q + "conv_pw.weight"].T},
+          "norm": {"scale": ck[q + "bn1.weight"], "bias": ck[q + "bn1.bias"]},
+          "blob": ck[q + "layer_scale"],
+        }
+      )
+    expect["blocks"].append(stage)
+  return ck, expect
+
+
+def test_a_list_of_lists_numbers_its_blocks_within_each_stage():
+  """``blocks.0.1`` is stage 0's block 1 (its items alike), read as the layer ``(0, 1)`` on
+  both sides, so each block's tensors are that block's. Read as layer ``(0,)``, a stage's
+  blocks are one layer of many alike tensors, and every leaf is asked."""
+  ck, expect = _list_of_lists()
+  m = prj.match(_target(expect), MemorySource(ck))
+  _assert_restores(expect, ck, m)
+
+
+def test_a_sequential_in_a_layer_is_not_a_list_of_lists():
+  """``layers.0.0`` a conv and ``layers.0.1`` a norm: the items differ, so the second number
+  is a module's place, and the layer stays ``(0,)``."""
+  from paramreg_jax._src.match import numbering
+
+  names = ["layers.0.0.weight", "layers.0.1.weight", "layers.0.1.bias", "layers.1.0.weight"]
+  assert numbering.lists_of_lists(names) == {}
+  alike = [f"blocks.{s}.{b}.conv.weight" for s in (0, 1) for b in (0, 1)]
+  assert numbering.lists_of_lists(alike)["blocks.1.0.conv.weight"] == (1, 0)

@@ -1244,6 +1244,24 @@ def beit_timm_scanned():
   return name, {**tree, "blocks": stacked}
 
 
+def segformer_hf_flax():
+  """SegFormer kept under transformers' own names, in flax's conventions (``kernel`` ``[in,
+  out]``, conv kernels HWIO, norms' ``scale``), as a port of the PyTorch model writes it:
+  ``encoder/block/{stage}/{block}`` a list of lists, and ``layer_norm_1``/``layer_norm_2`` one
+  concept told apart only by the leaf's own path."""
+  out = {}
+  for key, value in ld("segformer").items():
+    *path, leaf = key.split(".")
+    if leaf == "weight":
+      leaf = "scale" if value.ndim == 1 else "kernel"
+      value = conv2(value) if value.ndim == 4 else value.T
+    node = out
+    for part in path:
+      node = node.setdefault(part, {})
+    node[leaf] = np.ascontiguousarray(value)
+  return "segformer", out
+
+
 def _stages_scanned(tree, stages):
   """Each stage's ``blocks`` under ``nn.scan``/``nnx.scan``: one leaf per parameter, the
   stage's blocks on axis 0; the stages stay a list (their widths differ)."""
@@ -1398,6 +1416,7 @@ MAPPED = {
     convnext_timm_scanned,
     beit_timm,
     beit_timm_scanned,
+    segformer_hf_flax,
     convnext_flax,
     qwen3_vmap,
     dinov2_bigvision,
@@ -1473,6 +1492,7 @@ WITHOUT_CONFIG = (
   "swin_nnx_scanned",
   "beit_timm",
   "beit_timm_scanned",
+  "segformer_hf_flax",
 )
 
 

@@ -26,6 +26,7 @@ from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.match.vocabulary import same_path
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.base import CheckpointSource
@@ -104,7 +105,10 @@ def _best(
       unnamed.append((slot, every))
       continue
     rivals = [c for c in cands[1:] if c.score == cands[0].score]
-    if rivals:
+    same = _same_path(slot.name, cands[: len(rivals) + 1]) if rivals else None
+    if same is not None:  # names alike, one of them the leaf's own path: that one
+      picked[slot.name] = dataclasses.replace(same, reason=f"{same.reason}, the same path")
+    elif rivals:
       open_[slot.name] = every  # the equal best first, then everything else that fits
     else:
       picked[slot.name] = cands[0]
@@ -123,6 +127,14 @@ def _best(
     picked = {n: picked[n] for n in order if n in picked}
     open_ = {n: open_[n] for n in order if n in open_}
   return picked, open_
+
+
+def _same_path(name: str, top: list[Candidate]) -> Candidate | None:
+  """The one candidate among the equal best that is a single tensor whose key is the leaf's
+  own path (``encoder/block/0/1/layer_norm_1/scale`` and ``...layer_norm_1.weight``, beside
+  ``layer_norm_2``: one concept, two tensors), in one layout; None if none or more."""
+  same = [c for c in top if len(c.keys) == 1 and same_path(name, c.keys[0])]
+  return same[0] if len(same) == 1 else None
 
 
 def _top(cands: list[Candidate]) -> list[Candidate]:

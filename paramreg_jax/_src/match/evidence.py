@@ -250,6 +250,9 @@ class Checkpoint:
   # leaves' own problems follow from it: not listed)
   split_problem: str | None = None
   unsplit: tuple[str, ...] = ()
+  # ``{target leaf: (k, b)}``: a list of lists' item number, an index after the first ``k``
+  # (``encoder/block/0/1/...``: ``numbering.lists_of_lists``)
+  listed: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
   # ``{target container: checkpoint layer}`` of a stacked pattern's remainder (MaxText's
   # ``layers_remainder/layers_{r}``: the layers after the pattern's blocks)
   layer_at: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -309,7 +312,9 @@ class Checkpoint:
 def target_indices(name: str, indices: tuple[int, ...], ck: Checkpoint) -> tuple[int, ...]:
   """A target leaf's layer numbers as the checkpoint counts them: none for a place of a
   stacked pattern (``layers/layers_3``: it stacks layers 3, 9, ...), the layer after the
-  pattern for its remainder's (``layers_remainder/layers_1``), ``indices`` otherwise."""
+  pattern for its remainder's (``layers_remainder/layers_1``), ``indices`` otherwise; a list
+  of lists' item number (``ck.listed``) in its place."""
+  indices = with_item(indices, ck.listed.get(name))
   for stack in ck.layer_sets:
     if indices and _PLACE.search(stack) and name.startswith(f"{stack}/"):
       return ()
@@ -317,6 +322,15 @@ def target_indices(name: str, indices: tuple[int, ...], ck: Checkpoint) -> tuple
     if name.startswith(f"{container}/"):
       return (layer, *indices[1:])
   return indices
+
+
+def with_item(indices: tuple[int, ...], item: tuple[int, int] | None) -> tuple[int, ...]:
+  """``indices`` with a list of lists' item number (``numbering.lists_of_lists``) in its
+  place: ``(k, b)`` puts ``b`` after the first ``k``."""
+  if item is None:
+    return indices
+  k, b = item
+  return (*indices[:k], b, *indices[k:])
 
 
 _PLACE = re.compile(r"/[A-Za-z]+_\d+$")  # a stack that is a numbered container: a place

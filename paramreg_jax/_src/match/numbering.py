@@ -30,12 +30,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from collections.abc import Sequence
 
 from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.match.vocabulary import numbers_items
 
 
 def position(token: str) -> int | None:
@@ -96,6 +98,47 @@ def across_stages(
     tokens = c.tokens | {"#" + ".".join(map(str, below))} if below else c.tokens
     out[k] = dataclasses.replace(c, indices=(rank[c.indices[:2]],), tokens=frozenset(tokens))
   return out, tuple((str(i), str(pair)) for i, pair in enumerate(theirs))
+
+
+_PARTS = re.compile(r"[./~]")
+
+
+def lists_of_lists(names: Sequence[str]) -> dict[str, tuple[int, int]]:
+  """``{name: (k, b)}``: the names whose number right after a layer's (``block.{s}.{b}``)
+  numbers the items of a list in that layer, its ``b`` read as an index after the first
+  ``k``. A list of lists (SegFormer's ``encoder.block.{stage}.{block}``, timm's EfficientNet
+  ``blocks.{stage}.{block}``) holds alike items: for two or more ``b`` under one ``s``, the
+  same names below. A layer's sequential (``layers.0.0`` a conv, ``layers.0.1`` a norm) does
+  not, and its number stays a module's place.
+
+  Examples:
+    >>> names = [f"block.0.{b}.{m}.weight" for b in (0, 1) for m in ("fc1", "norm")]
+    >>> lists_of_lists(names)["block.0.1.norm.weight"]
+    (1, 1)
+    >>> lists_of_lists(["layers.0.0.weight", "layers.0.1.weight", "layers.0.1.bias"])
+    {}
+  """
+  below: dict[tuple[str, ...], dict[str, set[tuple[str, ...]]]] = {}
+  at: dict[str, tuple[tuple[str, ...], str]] = {}
+  for name in names:
+    parts = _PARTS.split(name)
+    for j in range(2, len(parts) - 1):
+      word = parts[j - 2].rsplit("_", 1)[-1]
+      if parts[j - 1].isdigit() and parts[j].isdigit() and numbers_items(word):
+        items = below.setdefault(tuple(parts[:j]), {})
+        items.setdefault(parts[j], set()).add(tuple(parts[j + 1 :]))
+        at[name] = (tuple(parts[:j]), parts[j])
+        break
+  alike = {
+    prefix
+    for prefix, items in below.items()
+    if len(items) >= 2 and len({frozenset(rest) for rest in items.values()}) == 1
+  }
+  return {
+    name: (len(concepts("/".join(prefix)).indices), int(b))
+    for name, (prefix, b) in at.items()
+    if prefix in alike
+  }
 
 
 def in_groups(

@@ -353,6 +353,8 @@ def _read_checkpoint(
     )
   noise = evidence.model_prefix(keys)
   folded = {k: concepts(k, noise) for k in keys}
+  for k, item in numbering.lists_of_lists(keys).items():
+    folded[k] = dataclasses.replace(folded[k], indices=evidence.with_item(folded[k].indices, item))
   shapes = {k: source_lib.metadata_of(source, k).shape for k in keys}
   targets = [(s.name, tuple(s.shape)) for s in slots]
   folded, numbered = numbering.across_stages(folded, shapes, targets)
@@ -361,6 +363,7 @@ def _read_checkpoint(
   evidence.norm_roles(folded, facts)
   evidence.fused_inputs(folded, shapes)
   ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
+  ck.listed = numbering.lists_of_lists([s.name for s in slots])
   ck.split_problem, ck.unsplit = grouped, unsplit
   ck.stacks = stacks.stacks(slots, ck)
   stacked = {s.name for s in slots if any(s.name.startswith(f"{p}/") for p in ck.stacks)}

@@ -502,6 +502,35 @@ class Concepts:
     return len(self.tokens & other.tokens) / len(union) if union else 0.0
 
 
+def same_path(target: str, key: str) -> bool:
+  """Whether a target leaf and a checkpoint key are one path: the same components in order
+  (the key may have one leading component more, its model's prefix: ``model.``,
+  ``segformer.``), the last read as its kind (``kernel``, ``scale`` and ``weight`` alike).
+
+  Examples:
+    >>> same_path("encoder/block/0/1/layer_norm_1/scale", "encoder.block.0.1.layer_norm_1.weight")
+    True
+    >>> same_path("layers/0/norm/scale", "model.layers.0.norm.weight")
+    True
+    >>> same_path("encoder/block/0/1/layer_norm_1/scale", "encoder.block.0.1.layer_norm_2.weight")
+    False
+  """
+  t, k = _path(target), _path(key)
+  return len(t) >= 2 and len(k) - len(t) in (0, 1) and k[len(k) - len(t) :] == t
+
+
+def _path(name: str) -> tuple[str, ...]:
+  parts = [p.lower() for p in re.split(r"[./]", name.strip("./")) if p]
+  return (*parts[:-1], _KIND_WORDS.get(parts[-1], parts[-1])) if parts else ()
+
+
+# a leaf's last component, as its kind: flax, haiku and torch name one parameter three ways
+_KIND_WORDS = {
+  **{w: "weight" for w in ("weight", "kernel", "scale", "embedding", "gamma", "w", "g")},
+  **{w: "bias" for w in ("bias", "beta", "b")},
+}
+
+
 def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
   """Folds a checkpoint key or a target name to concepts.
 
