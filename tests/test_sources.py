@@ -361,17 +361,20 @@ def test_fp8_and_bf16_from_a_hand_written_safetensors_file(tmp_path):
   )
 
 
-@pytest.mark.parametrize("opener", ["SafetensorsSource"])
+@pytest.mark.parametrize("opener", ["SafetensorsSource", "open_source", "load"])
 def test_a_hub_id_given_as_a_path_suggests_hf(opener, tmp_path, monkeypatch):
   """``owner/name`` that is no local path reads as the Hub id it is: the message gives the
-  call that opens it, ready to paste; a path that is not Hub-shaped gets no such advice."""
+  call that opens it, ready to paste (``prj.load`` opens through ``prj.open_source``, which
+  also takes a source); a path that is not Hub-shaped gets no such advice."""
   monkeypatch.chdir(tmp_path)
+  call = {"load": "open_source"}.get(opener, opener)
+  args = ({"w": jax.ShapeDtypeStruct((2,), np.float32)},) if opener == "load" else ()
   with pytest.raises(prj.errors.ParamRegError) as e:
-    getattr(prj, opener)("sentence-transformers/all-MiniLM-L6-v2")
+    getattr(prj, opener)(*args, "sentence-transformers/all-MiniLM-L6-v2")
   assert str(e.value).endswith(
-    "; a Hugging Face Hub id? prj.SafetensorsSource('hf://sentence-transformers/"
+    f"; a Hugging Face Hub id? prj.{call}('hf://sentence-transformers/"
     "all-MiniLM-L6-v2') reads it from the Hub"
   )
   with pytest.raises(prj.errors.ParamRegError) as e:
-    getattr(prj, opener)("models/tiny/model.safetensors")
+    getattr(prj, opener)(*args, "models/tiny/model.safetensors")
   assert "Hub id" not in str(e.value)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.sources.storage import hub
 from paramreg_jax._src.sources.storage import remote
 from paramreg_jax._src.sources.storage import stores
 
@@ -88,7 +89,8 @@ def open_source(
     return SafetensorsSource(text, **options)
   path = pathlib.Path(text)
   if not path.exists():
-    raise errors.MissingShardError(f"{text}: no such file or directory")
+    hub_id = hub.suggest_for_missing(text, "prj.open_source")  # prj.load's too
+    raise errors.MissingShardError(f"{text}: no such file or directory{hub_id}")
   kind = _local_kind(path)
   if kind == "orbax":
     _no_options("an orbax checkpoint", options)

@@ -41,12 +41,13 @@ _REVISION_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//|^/|/$|\.
 _ANSWER_CAP = 1 << 20  # a revision's JSON is a few KB
 
 
-def suggest_for_missing(path: Any) -> str:
+def suggest_for_missing(path: Any, call: str = "prj.SafetensorsSource") -> str:
   """What to say of a local path that does not exist: ``"; a Hugging Face Hub id? ..."``
-  when it is ``owner/name`` by the Hub's own rule for each, else ``""``."""
+  (``call('hf://owner/name')`` reads it from the Hub) when it is ``owner/name`` by the Hub's
+  own rule for each, else ``""``."""
   parts = str(path).split("/")
   if len(parts) == 2 and all(_NAME.match(p) for p in parts) and not os.path.exists(path):
-    return f"; a Hugging Face Hub id? prj.SafetensorsSource('hf://{path}') reads it from the Hub"
+    return f"; a Hugging Face Hub id? {call}('hf://{path}') reads it from the Hub"
   return ""
 
 
