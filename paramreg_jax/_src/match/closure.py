@@ -74,7 +74,9 @@ def settle(
       stages.setdefault(root, []).append(name)
     elif block:
       members.setdefault(block, []).append(name)
-  stacked = _stage_stacks(stages, decided, blocks, ck, hinted, members)
+  stacked, single = _stage_stacks(stages, decided, blocks, ck, hinted)
+  for block, names in single.items():
+    members.setdefault(block, []).extend(names)
   used = {k for keys in decided.values() for k in keys}
   out: dict[str, tuple[Candidate, str]] = {}
   for block, names in members.items():
@@ -101,13 +103,13 @@ def _stage_stacks(
   blocks: Mapping[str, Block],
   ck: Checkpoint,
   hinted: Collection[Block],
-  members: dict[Block, list[str]],
-) -> list[tuple[list[str], int]]:
+) -> tuple[list[tuple[list[str], int]], dict[Block, list[str]]]:
   """``(leaves, depth)`` of each stage's stacked blocks (``stages/1/blocks``) that closure
-  reads as a stack of the checkpoint's blocks of that stage (their numbers ``depth`` deep).
-  Where the decided leaves hold one block only (a stage of one block, or a module named
-  ``block`` in a layer that is no stack), their leaves join that block in ``members``."""
-  out = []
+  reads as a stack of the checkpoint's blocks of that stage (their numbers ``depth`` deep),
+  and ``{block: leaves}`` of those whose decided leaves hold one block only (a stage of one
+  block, or a module named ``block`` in a layer that is no stack): closed as that block."""
+  out: list[tuple[list[str], int]] = []
+  single: dict[Block, list[str]] = {}
   for names in stages.values():
     block = blocks[names[0]]
     if block in hinted:
@@ -115,10 +117,10 @@ def _stage_stacks(
     depth = len(block) + 1
     layers = {_stacked_layers(decided[n], ck, depth) for n in names if n in decided}
     if len(layers) == 1 and len(one := next(iter(layers))) == 1:
-      members.setdefault(one[0], []).extend(names)
+      single.setdefault(one[0], []).extend(names)
     else:
       out.append((names, depth))
-  return out
+  return out, single
 
 
 def _containers(
