@@ -34,8 +34,10 @@ import re
 from collections.abc import Mapping
 from collections.abc import Sequence
 
+from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.vocabulary import Concepts
+from paramreg_jax._src.match.vocabulary import components
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.match.vocabulary import numbers_items
 
@@ -100,7 +102,8 @@ def across_stages(
   return out, tuple((str(i), str(pair)) for i, pair in enumerate(theirs))
 
 
-_PARTS = re.compile(r"[./~]")
+# two numbers in a row (``block.0.1``): is any name a list of lists?
+_TWO_NUMBERS = re.compile(r"[0-9][./~][0-9]")
 
 
 def lists_of_lists(names: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -120,8 +123,10 @@ def lists_of_lists(names: Sequence[str]) -> dict[str, tuple[int, int]]:
   """
   below: dict[tuple[str, ...], dict[str, set[tuple[str, ...]]]] = {}
   at: dict[str, tuple[tuple[str, ...], str]] = {}
+  if not _TWO_NUMBERS.search("\n".join(names)):  # most checkpoints: 50,000 keys in ms
+    return {}
   for name in names:
-    parts = _PARTS.split(name)
+    parts = components(name)
     for j in range(2, len(parts) - 1):
       word = parts[j - 2].rsplit("_", 1)[-1]
       if parts[j - 1].isdigit() and parts[j].isdigit() and numbers_items(word):
@@ -139,6 +144,18 @@ def lists_of_lists(names: Sequence[str]) -> dict[str, tuple[int, int]]:
     for name, (prefix, b) in at.items()
     if prefix in alike
   }
+
+
+def in_lists(folded: dict[str, Concepts]) -> dict[str, Concepts]:
+  """``folded`` with each list of lists' item number read as an index (:func:`lists_of_lists`:
+  ``encoder.block.0.1`` is stage 0's block 1, layer ``(0, 1)``)."""
+  items = lists_of_lists(list(folded))
+  if not items:
+    return folded
+  out = dict(folded)
+  for k, item in items.items():
+    out[k] = dataclasses.replace(out[k], indices=evidence.with_item(out[k].indices, item))
+  return out
 
 
 def in_groups(

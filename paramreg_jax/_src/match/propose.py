@@ -352,9 +352,7 @@ def _read_checkpoint(
       f"match: config must be a mapping (a parsed config.json), got {type(config).__name__}"
     )
   noise = evidence.model_prefix(keys)
-  folded = {k: concepts(k, noise) for k in keys}
-  for k, item in numbering.lists_of_lists(keys).items():
-    folded[k] = dataclasses.replace(folded[k], indices=evidence.with_item(folded[k].indices, item))
+  folded = numbering.in_lists({k: concepts(k, noise) for k in keys})
   shapes = {k: source_lib.metadata_of(source, k).shape for k in keys}
   targets = [(s.name, tuple(s.shape)) for s in slots]
   folded, numbered = numbering.across_stages(folded, shapes, targets)

@@ -45,6 +45,9 @@ _PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
   (("mlp", "c_proj"), ("mlp", "down")),
 )
 
+# what flax, haiku and torch call a module's weight
+_WEIGHT_WORDS = ("weight", "kernel", "scale", "embedding", "gamma", "g")
+
 # One component -> concepts.
 _WORDS: dict[str, tuple[str, ...]] = {
   # containers and noise
@@ -53,7 +56,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: () for w in ("model", "transformer", "bert", "vit", "self", "base_model", "params")},
   **{w: () for w in ("token", "tok", "word", "words")},  # token_embed: the (token) embedding
   # parameter kinds
-  **{w: ("w",) for w in ("weight", "kernel", "scale", "embedding", "gamma", "g")},
+  **{w: ("w",) for w in _WEIGHT_WORDS},
   **{w: ("b",) for w in ("bias", "beta", "offset", "shift")},  # haiku/penzai: offset, shift
   # attention
   **{
@@ -226,6 +229,12 @@ _WORDS: dict[str, tuple[str, ...]] = {
 
 _SEPARATORS = re.compile(r"[./~]")
 _NUMBERS_ITEMS = frozenset({"layers", "experts", "heads"})  # a word whose next number indexes
+
+
+def components(name: str) -> list[str]:
+  """A key's or a target name's components, as :func:`concepts` reads them (``.``, ``/``,
+  haiku's ``~``)."""
+  return _SEPARATORS.split(name)
 
 
 # a sequential of the model's own, outside its layers: ``stem/0`` is the stem's first module,
@@ -526,7 +535,7 @@ def _path(name: str) -> tuple[str, ...]:
 
 # a leaf's last component, as its kind: flax, haiku and torch name one parameter three ways
 _KIND_WORDS = {
-  **{w: "weight" for w in ("weight", "kernel", "scale", "embedding", "gamma", "w", "g")},
+  **{w: "weight" for w in (*_WEIGHT_WORDS, "w")},
   **{w: "bias" for w in ("bias", "beta", "b")},
 }
 
