@@ -67,7 +67,7 @@ MUTATIONS = (
   ),
   Mutation(
     "a lease error type changed",
-    "paramreg_jax/_src/sources/base.py",
+    "paramreg_jax/_src/sources/checkpoint_source.py",
     "    return errors.UnknownTensorError(\n",
     "    return KeyError(\n",
     ("tests/test_sources.py", "-k", "unknown_key"),
@@ -418,14 +418,14 @@ MUTATIONS = (
   ),
   Mutation(
     "what a source of one's own reads is used unchecked",
-    "paramreg_jax/_src/sources/base.py",
+    "paramreg_jax/_src/sources/checkpoint_source.py",
     "    if out.shape != want or out.dtype != meta.dtype:\n",
     "    if False:\n",
     ("tests/test_own_source.py", "-k", "wrong_box or wrong_dtype"),
   ),
   Mutation(
     "a restored weight aliases the source's memory",
-    "paramreg_jax/_src/sources/base.py",
+    "paramreg_jax/_src/sources/checkpoint_source.py",
     "    return read_into_aligned(out, meta.dtype)\n",
     "    return out\n",
     ("tests/test_own_source.py", "-k", "never_shares_memory"),
@@ -476,12 +476,31 @@ def run_tests(where: pathlib.Path, args: tuple[str, ...]) -> subprocess.Complete
   return subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=600)
 
 
+def misplaced(mutation: Mutation, root: pathlib.Path = ROOT) -> str | None:
+  """None if the code to mutate occurs exactly once in its file, else where it is now (a
+  refactor moved or changed it: tests/test_ci_mutations.py says so before CI does)."""
+  target = root / mutation.path
+  count = target.read_text().count(mutation.old) if target.is_file() else 0
+  if count == 1:
+    return None
+  now = [
+    str(p.relative_to(root))
+    for p in sorted((root / "paramreg_jax").rglob("*.py"))
+    if mutation.old in p.read_text()
+  ]
+  where = f"it is now in {now}" if now else "it is nowhere in the package"
+  return (
+    f"the code to mutate occurs {count} times in {mutation.path}, not once: {where}; "
+    "update its path or text in .ci/mutations.py (and check its tests still target it)"
+  )
+
+
 def check(mutation: Mutation, work: pathlib.Path) -> str | None:
   """None if the mutation is caught, else why not."""
   target = work / mutation.path
+  if (why := misplaced(mutation, work)) is not None:
+    return why
   original = target.read_text()
-  if original.count(mutation.old) != 1:
-    return f"the code to mutate is not in {mutation.path} exactly once (update this script)"
   target.write_text(original.replace(mutation.old, mutation.new))
   try:
     result = run_tests(work, mutation.tests)

@@ -232,3 +232,24 @@ def test_the_neutral_restore_pipeline_uses_the_jax_backend_only_as_its_default()
         if module is not None and node.attr not in allowed[module]:
           found.append(f"{_rel(path)} uses {module}.{node.attr}")
   assert not found, found
+
+
+def _src_modules():
+  return [p for p in MODULES if "_src" in p.parts and p.name != "__init__.py"]
+
+
+def test_different_things_have_different_names():
+  """A module's name and a class's name each mean one thing in the package: two modules
+  called ``report.py`` (or two classes called ``Layout``) make a reader guess which one an
+  import or a message means."""
+  modules: dict[str, list[str]] = {}
+  classes: dict[str, list[str]] = {}
+  for p in _src_modules():
+    modules.setdefault(p.name, []).append(str(_rel(p)))
+    for node in ast.parse(p.read_text()).body:
+      if isinstance(node, ast.ClassDef):
+        classes.setdefault(node.name, []).append(str(_rel(p)))
+  same = {n: w for n, w in modules.items() if len(w) > 1}
+  assert not same, f"modules that share a name (name each for what it holds): {same}"
+  same = {n: w for n, w in classes.items() if len(w) > 1}
+  assert not same, f"classes that share a name (name each for what it is): {same}"

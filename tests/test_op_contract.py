@@ -16,8 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 import paramreg_jax as prj
 from paramreg_jax import recipes as R
-from paramreg_jax._src.match.report import code as code_of
-from paramreg_jax._src.recipes.ops.catalog import OPS
+from paramreg_jax._src.match.proposal import code as code_of
+from paramreg_jax._src.recipes.ops.op_table import OPS
 
 RNG = np.random.default_rng(0)
 

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 import paramreg_jax as prj
 from paramreg_jax import errors
 from paramreg_jax import recipes as R
-from paramreg_jax._src.recipes.quant.catalog import FORMATS
+from paramreg_jax._src.recipes.quant.formats import FORMATS
 
 SETTINGS = settings(
   max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -31,7 +31,7 @@ from paramreg_jax._src.registry.registry import ParamRegistry
 from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore.planning import plan_restore
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 from paramreg_jax._src.sources.orbax import OrbaxSource
 
 

@@ -14,7 +14,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.match import Match
 from paramreg_jax._src.match import match as match_fn
 from paramreg_jax._src.restore.pipeline import restore
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources.opening import open_source
 
 _OPTIONS = (

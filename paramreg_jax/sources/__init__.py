@@ -16,10 +16,10 @@ Examples:
 """
 
 from paramreg_jax._src import surface as _surface
-from paramreg_jax._src.sources.base import CheckpointLease
-from paramreg_jax._src.sources.base import CheckpointSource
-from paramreg_jax._src.sources.base import SourceStats
-from paramreg_jax._src.sources.base import TensorMetadata
+from paramreg_jax._src.sources.checkpoint_source import CheckpointLease
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import SourceStats
+from paramreg_jax._src.sources.checkpoint_source import TensorMetadata
 
 __all__ = (
   "CheckpointLease",

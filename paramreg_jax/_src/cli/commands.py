@@ -14,7 +14,7 @@ from typing import Any
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.cli.output import problems
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 from paramreg_jax._src.sources.opening import open_source
 
 

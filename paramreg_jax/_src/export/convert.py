@@ -22,7 +22,7 @@ from paramreg_jax._src.restore import bind as bind_lib
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import restore_plan as plan_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 
 def convert(

@@ -39,7 +39,7 @@ from paramreg_jax._src.export.tensors import write_tensor
 from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import restore_plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' default max_shard_size, "5GB"
 _DEFAULT_BLOCK = 16 * 2**20

@@ -25,7 +25,7 @@ from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops.concatenate import SLICE
 from paramreg_jax._src.recipes.ops.stack import TAKE
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 NotInvertible = ops.NotInvertible
 Region = base.InverseRegion

@@ -40,7 +40,7 @@ from paramreg_jax._src.export.tensors import fetch_region as _fetch
 from paramreg_jax._src.export.tensors import index_box
 from paramreg_jax._src.export.tensors import overlap
 from paramreg_jax._src.export.tensors import write_tensor
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 _NAME_BYTES = 4096
 

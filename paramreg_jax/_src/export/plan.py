@@ -19,7 +19,7 @@ from paramreg_jax._src import html_table
 from paramreg_jax._src import text_width
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.restore import restore_plan as plan_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.export import invert as inv
 from paramreg_jax._src.export.plan import TensorPlan
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 def index_box(index: tuple[Any, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:

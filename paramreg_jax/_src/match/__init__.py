@@ -34,9 +34,9 @@ the concept (data flows down the list):
 Every proposal is validated by :func:`plan_restore` before it is returned.
 """
 
+from paramreg_jax._src.match.proposal import Match
+from paramreg_jax._src.match.proposal import Proposal
 from paramreg_jax._src.match.propose import match
-from paramreg_jax._src.match.report import Match
-from paramreg_jax._src.match.report import Proposal
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 

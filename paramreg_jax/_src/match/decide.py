@@ -23,13 +23,13 @@ from paramreg_jax._src.match import towers
 from paramreg_jax._src.match import unique
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
-from paramreg_jax._src.match.report import Proposal
-from paramreg_jax._src.match.report import code
+from paramreg_jax._src.match.proposal import Proposal
+from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.match.vocabulary import same_path
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 MIN_SCORE = 0.5
 

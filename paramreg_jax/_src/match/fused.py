@@ -16,10 +16,10 @@ from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
 from paramreg_jax._src.match.candidates import FUSED_PARTS
+from paramreg_jax._src.match.proposal import Proposal
+from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.match.refusal import Choice
 from paramreg_jax._src.match.refusal import Problem
-from paramreg_jax._src.match.report import Proposal
-from paramreg_jax._src.match.report import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.selection import Indices

@@ -35,7 +35,7 @@ from paramreg_jax._src.match.coherence import checkpoint_module as coherence_mod
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 # a fused tensor's layout: a key of evidence.LAYOUTS, with the head size where nothing else
 # gives the head count (``"per_head:64"``)

@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from paramreg_jax._src.match.report import Proposal
+from paramreg_jax._src.match.proposal import Proposal
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes.ops import block_part
-from paramreg_jax._src.recipes.quant import catalog
+from paramreg_jax._src.recipes.quant import formats as quant_formats
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 _SCALE = re.compile(r"scale", re.I)
 _MIN = re.compile(r"(^|_)min", re.I)
@@ -39,22 +39,24 @@ class Group:
   """One quantized weight of the target: its parts, the axis its groups run along, their
   size, and the float weight ``match`` decides in their place."""
 
-  values: target_lib.Slot
-  scales: target_lib.Slot
-  mins: target_lib.Slot | None
+  values: target_lib.TargetSlot
+  scales: target_lib.TargetSlot
+  mins: target_lib.TargetSlot | None
   axis: int
   group: int
-  weight: target_lib.Slot
+  weight: target_lib.TargetSlot
 
 
 def is_integer(dtype: np.dtype) -> bool:
   return dtype.kind in "iu" or dtype.name in _SUB_BYTE
 
 
-def collapse(slots: list[target_lib.Slot]) -> tuple[list[target_lib.Slot], dict[str, Group]]:
+def collapse(
+  slots: list[target_lib.TargetSlot],
+) -> tuple[list[target_lib.TargetSlot], dict[str, Group]]:
   """The slots with each quantized weight's parts replaced by one float weight, and the
   groups by the weight's name (empty for a target with no integer leaves)."""
-  by_parent: dict[str, list[target_lib.Slot]] = {}
+  by_parent: dict[str, list[target_lib.TargetSlot]] = {}
   for s in slots:
     by_parent.setdefault(s.name.rpartition("/")[0], []).append(s)
   groups: dict[str, Group] = {}
@@ -75,7 +77,7 @@ def collapse(slots: list[target_lib.Slot]) -> tuple[list[target_lib.Slot], dict[
   return out, groups
 
 
-def _group(parent: str, members: list[target_lib.Slot]) -> Group | None:
+def _group(parent: str, members: list[target_lib.TargetSlot]) -> Group | None:
   """The quantized weight among one module's leaves: one integer leaf and a float sibling
   named ``*scale*`` with the values' shape but one axis divided by a group size."""
   ints = [s for s in members if is_integer(s.dtype)]
@@ -101,11 +103,11 @@ def _group(parent: str, members: list[target_lib.Slot]) -> Group | None:
   return Group(values, scale, mins[0] if len(mins) == 1 else None, axis, group, weight)
 
 
-def _leaf(s: target_lib.Slot) -> str:
+def _leaf(s: target_lib.TargetSlot) -> str:
   return s.name.rpartition("/")[2]
 
 
-def _axis(values: target_lib.Slot, scale: target_lib.Slot) -> tuple[int, int] | None:
+def _axis(values: target_lib.TargetSlot, scale: target_lib.TargetSlot) -> tuple[int, int] | None:
   """``(axis, group size)`` when ``scale``'s shape is ``values``' with one axis divided."""
   if scale.dtype.kind != "f" or len(scale.shape) != len(values.shape):
     return None
@@ -155,7 +157,7 @@ def _parts(p: Proposal, g: Group, source: CheckpointSource) -> list[Proposal]:
   formats: set[str] = set()
   values = _rewrite(p.recipe, "values", formats, source)
   (fmt_name,) = formats if len(formats) == 1 and formats != {"unquantized"} else _mixed(formats)
-  fmt = catalog.FORMATS[fmt_name]
+  fmt = quant_formats.FORMATS[fmt_name]
   kept = fmt.kept
   if kept is None:
     raise _NotKept(
@@ -215,7 +217,7 @@ def _rewrite(recipe: Any, part: str, formats: set[str], source: CheckpointSource
   refused (it could move values within a group)."""
   if isinstance(recipe, ops.Dequantize):
     formats.add(recipe.format)
-    fmt = catalog.FORMATS.get(recipe.format)
+    fmt = quant_formats.FORMATS.get(recipe.format)
     if fmt is None or fmt.kept is None or (part == "mins" and not fmt.kept.mins):
       return recipe  # refused by the caller, naming the format
     return block_part.BlockPart(recipe.input, recipe.format, part)

@@ -22,14 +22,14 @@ from paramreg_jax._src.match import shares as shares_lib
 from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match import towers
 from paramreg_jax._src.match import vocabulary
-from paramreg_jax._src.match.report import Match
-from paramreg_jax._src.match.report import Proposal
+from paramreg_jax._src.match.proposal import Match
+from paramreg_jax._src.match.proposal import Proposal
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 
 def match(

@@ -26,7 +26,7 @@ from paramreg_jax._src import errors
 from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import gguf as gguf_source
 from paramreg_jax._src.sources import selection as sel_lib
 

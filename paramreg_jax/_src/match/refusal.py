@@ -48,10 +48,10 @@ from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.candidates import rekey
-from paramreg_jax._src.match.report import code
+from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 _CHOICES = 12  # choices an entry lists
 _NOTE = ("  # ", "  #   ")  # an entry's heading, and where it goes on when it is wide

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from paramreg_jax._src.optim.state_layout import Layout
 from paramreg_jax._src.optim.state_layout import Path
+from paramreg_jax._src.optim.state_layout import StateLayout
 from paramreg_jax._src.registry import keys as keys_lib
 
 _WRAPPERS = frozenset({"inner_state", "inner_opt_state"})
@@ -45,7 +45,7 @@ def _old_identity(comps: Path, names: set[str]) -> tuple[tuple[str, ...], str | 
 
 
 def translate(
-  leaves: list[tuple[Path, Any]], layout: Layout
+  leaves: list[tuple[Path, Any]], layout: StateLayout
 ) -> tuple[list[tuple[Path, Any]], list[tuple[Path, Path]]] | None:
   """The old state's leaves moved to where the new optimizer keeps the same thing, and the
   moves; None when nothing matches or an identity is not unique (on either side)."""

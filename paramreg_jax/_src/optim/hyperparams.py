@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src.optim import mirrors as mirrors_lib
-from paramreg_jax._src.optim.state_layout import Layout
 from paramreg_jax._src.optim.state_layout import OldState
+from paramreg_jax._src.optim.state_layout import StateLayout
 
 Path = mirrors_lib.Path
 
 
-def paths(layout: Layout) -> list[Path]:
+def paths(layout: StateLayout) -> list[Path]:
   """``inject_hyperparams``' numeric hyperparameters in the state (``.../hyperparams/<name>``)."""
   return [
     c
@@ -53,7 +53,7 @@ def scheduled(tx: Any) -> frozenset[str]:
 
 
 def changed(
-  layout: Layout, old: OldState, fresh: dict[Path, Any], scheduled: frozenset[str]
+  layout: StateLayout, old: OldState, fresh: dict[Path, Any], scheduled: frozenset[str]
 ) -> list[tuple[Path, Any, Any]]:
   """``(path, state's value, code's value)`` of the numeric hyperparameters that differ (a
   scheduled one is the code's schedule whatever its last value)."""

@@ -29,8 +29,8 @@ from paramreg_jax._src.optim import keyed as keyed_lib
 from paramreg_jax._src.optim import mirrors as mirrors_lib
 from paramreg_jax._src.optim import resize as resize_lib
 from paramreg_jax._src.optim.report import SurgeryReport
-from paramreg_jax._src.optim.state_layout import Layout
 from paramreg_jax._src.optim.state_layout import OldState
+from paramreg_jax._src.optim.state_layout import StateLayout
 from paramreg_jax._src.optim.state_layout import matching_form
 from paramreg_jax._src.optim.state_layout import new_layout
 from paramreg_jax._src.optim.state_layout import read_old_state
@@ -176,7 +176,7 @@ class _Diff:
   # key -> (the state leaves it has, those it lacks), where it has some but not all
   incomplete: dict[str, tuple[list[str], list[str]]] = dataclasses.field(default_factory=dict)
 
-  def complete(self, layout: Layout) -> None:
+  def complete(self, layout: StateLayout) -> None:
     """Every leaf of an incompletely saved parameter is fresh (never half a moment)."""
     self.needs_init |= {
       c for c, owner in layout.owners.items() if owner is not None and owner[1] in self.incomplete
@@ -196,8 +196,8 @@ class _Diff:
 
 
 def _realign(
-  state: Any, layout: Layout, rename: Any, params: Any
-) -> tuple[Layout, OldState, _Diff] | None:
+  state: Any, layout: StateLayout, rename: Any, params: Any
+) -> tuple[StateLayout, OldState, _Diff] | None:
   """The old state read by what its leaves are (``align``), when that fits the new optimizer:
   its moments and counts kept, the new optimizer's other state fresh, and said so."""
   found = align.translate(mirrors_lib.state_leaves(mirrors_lib.optimizer_state(state)), layout)
@@ -216,7 +216,7 @@ def _realign(
   return form, old, diff
 
 
-def _compare(layout: Layout, old: OldState, new_state_ok: bool = False) -> _Diff:
+def _compare(layout: StateLayout, old: OldState, new_state_ok: bool = False) -> _Diff:
   old_keys, new_keys = old.keys, layout.keys
   had_state = old_keys | set(old.elsewhere)
   problems: list[str] = []
@@ -280,7 +280,7 @@ def _incomplete(
 
 
 def _way_out(
-  problems: list[str], layout: Layout, old: OldState, had_state: set[str], new_keys: set[str]
+  problems: list[str], layout: StateLayout, old: OldState, had_state: set[str], new_keys: set[str]
 ) -> list[str]:
   """What to do when the optimizer's own state does not fit (always said, never guessed)."""
   out: list[str] = []
@@ -322,7 +322,7 @@ def _moves(
   return out
 
 
-def _optimizer_change(layout: Layout, old: OldState) -> str:
+def _optimizer_change(layout: StateLayout, old: OldState) -> str:
   """What of the old state the new optimizer does not keep, in a sentence ("" if nothing)."""
   gone = sorted(
     {"/".join(p[:-1] if len(p) > 1 else p) for ps in old.elsewhere.values() for p in ps}
@@ -419,7 +419,7 @@ def _refuse(
 
 
 def _resize(
-  layout: Layout, old: OldState, diff: _Diff, fresh: dict[Path, Any], policy: Any
+  layout: StateLayout, old: OldState, diff: _Diff, fresh: dict[Path, Any], policy: Any
 ) -> dict[Path, tuple[str, str]]:
   """``{state leaf: (key, what was kept)}`` of the resized parameters' leaves that kept
   something, their new values stored in ``fresh`` (the leaves ``tx.init`` gives the rest of
@@ -437,14 +437,16 @@ def _resize(
   return out
 
 
-def _fresh(inner: optax.GradientTransformation, params: Any, layout: Layout, diff: _Diff) -> dict:
+def _fresh(
+  inner: optax.GradientTransformation, params: Any, layout: StateLayout, diff: _Diff
+) -> dict:
   """``tx.init``'s leaves, when some leaf needs them or hyperparameters are to be compared."""
   if not diff.needs_init and not hyperparams_lib.paths(layout):
     return {}
   return dict(mirrors_lib.state_leaves(inner.init(params)))
 
 
-def _assemble(layout: Layout, old: OldState, diff: _Diff, fresh: dict[Path, Any]) -> Any:
+def _assemble(layout: StateLayout, old: OldState, diff: _Diff, fresh: dict[Path, Any]) -> Any:
   """The new state: kept leaves bit-exact (on their parameter's placement), the rest fresh."""
   placement = _param_shardings(old.params, layout.index)
   home = _replicated_home(placement)

@@ -31,7 +31,7 @@ Owner = tuple[Path, str]  # (mirror prefix in the state, parameter key)
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class StateLayout:
   """Where the optimizer keeps what for the new parameters: ``tx.init``'s abstract state."""
 
   abstract: Any
@@ -55,7 +55,7 @@ class Layout:
 
 def new_layout(
   inner: optax.GradientTransformation, params: Any, by: Literal["name", "position"]
-) -> Layout:
+) -> StateLayout:
   abstract = jax.eval_shape(inner.init, params)
   index = mirrors_lib.ParamIndex.of(params, by)
   named = mirrors_lib.ParamIndex.of(params, "name") if by == "position" else index
@@ -66,7 +66,7 @@ def new_layout(
   leaves = mirrors_lib.state_leaves(abstract)
   owners = owners_of(leaves, prefixes, names)
   later = functools.partial(later_forms, inner, params)
-  return Layout(abstract, index, prefixes, leaves, owners, names, later)
+  return StateLayout(abstract, index, prefixes, leaves, owners, names, later)
 
 
 def owners_of(
@@ -86,11 +86,11 @@ def later_forms(inner: optax.GradientTransformation, params: Any) -> list[Any]:
   return check_lib.stepped_states(inner, params, params, {}, 2)
 
 
-def plain_specs(layout: Layout) -> dict[Path, Any]:
+def plain_specs(layout: StateLayout) -> dict[Path, Any]:
   return {c: (tuple(x.shape), x.dtype) for c, x in layout.leaves if layout.owners[c] is None}
 
 
-def matching_form(layout: Layout, old: OldState) -> Layout:
+def matching_form(layout: StateLayout, old: OldState) -> StateLayout:
   """The layout of the state's form the old state is in: ``tx.init``'s, or a later one that
   the optimizer's own updates produce (its non-parameter leaves all match)."""
   specs = {c: spec(x) for c, x in old.plain.items()}
@@ -124,7 +124,7 @@ class OldState:
 
 def read_old_state(
   state: Any,
-  layout: Layout,
+  layout: StateLayout,
   rename: Mapping[str, str] | Callable[[str], str] | None,
   by: Literal["name", "position"],
   leaves: list[tuple[Path, Any]] | None = None,

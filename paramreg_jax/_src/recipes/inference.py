@@ -10,7 +10,7 @@ from __future__ import annotations
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops.source import Source
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 Metas = dict[int, base.Meta]
 """Metadata by recipe node ``id`` (valid while the recipe is alive)."""

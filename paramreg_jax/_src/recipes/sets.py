@@ -11,7 +11,7 @@ from typing import Any
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import selection as sel_lib
 
 

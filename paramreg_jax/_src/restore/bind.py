@@ -64,7 +64,7 @@ def bind(
 def bind_slots(
   leaves: list[Any],
   treedef: Any,
-  slots: list[target_lib.Slot],
+  slots: list[target_lib.TargetSlot],
   unit: Mapping[str, Any],
   exclude: api_types.Exclude | None,
   backend: contract.ParameterBackend | None,

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 Parameter = Any
 """A target slot: a ``jax.Array``, or a ``jax.ShapeDtypeStruct`` with a ``.sharding``."""

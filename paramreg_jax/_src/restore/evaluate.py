@@ -8,7 +8,7 @@ import numpy as np
 
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore.jax_backend import backend as backend_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 def evaluate(recipe: ops.Recipe, src: CheckpointSource, index: Any = None) -> np.ndarray:

@@ -23,7 +23,7 @@ from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import restore_plan as plan_lib
 from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.restore.jax_backend import backend as backend_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 class MaterializedUnit(Mapping[str, jax.Array]):

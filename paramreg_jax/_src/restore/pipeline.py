@@ -12,7 +12,7 @@ from paramreg_jax._src.restore import contract
 from paramreg_jax._src.restore import materialize as materialize_lib
 from paramreg_jax._src.restore import planning
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 _OPTIONS = (
   "recipes",

@@ -28,7 +28,7 @@ from paramreg_jax._src.restore import target as target_lib
 from paramreg_jax._src.restore.jax_backend import backend as backend_lib
 from paramreg_jax._src.restore.restore_plan import PlanEntry
 from paramreg_jax._src.restore.restore_plan import RestorePlan
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 DtypePolicy = api_types.DtypePolicy
 
@@ -132,7 +132,7 @@ def check_arguments(source: source_lib.CheckpointSource, dtype_policy: Any) -> N
 
 
 def plan_slots(
-  slots: list[target_lib.Slot],
+  slots: list[target_lib.TargetSlot],
   source: source_lib.CheckpointSource,
   recipes: Any,
   aliases: Any,
@@ -176,7 +176,7 @@ class _Planning:
   """What every phase of :func:`plan_restore` reads, and the entries and problems it adds."""
 
   source: source_lib.CheckpointSource
-  slots: list[target_lib.Slot]
+  slots: list[target_lib.TargetSlot]
   excluded: Callable[[str], bool]
   recipes: dict[str, ops.Recipe]
   aliases: dict[str, str]
@@ -186,7 +186,7 @@ class _Planning:
   problems: list[str] = dataclasses.field(default_factory=list)
   # derived in __post_init__
   source_keys: tuple[str, ...] = dataclasses.field(init=False)
-  by_name: dict[str, target_lib.Slot] = dataclasses.field(init=False)
+  by_name: dict[str, target_lib.TargetSlot] = dataclasses.field(init=False)
   by_recipes: set[str] = dataclasses.field(init=False)
   meant: set[str] = dataclasses.field(init=False)
   used: set[str] = dataclasses.field(init=False)
@@ -265,7 +265,7 @@ def _plan_entries(p: _Planning, renamed: dict[str, str]) -> list[str]:
   """Phase 3: a direct or recipe entry for every slot that is not excluded or an alias;
   returns the excluded slots' keys."""
   excluded_keys = []
-  missing: list[target_lib.Slot] = []
+  missing: list[target_lib.TargetSlot] = []
   for slot in p.slots:
     if p.excluded(slot.name):
       excluded_keys.append(slot.key)
@@ -297,7 +297,7 @@ def _plan_entries(p: _Planning, renamed: dict[str, str]) -> list[str]:
   return excluded_keys
 
 
-def _report_missing(p: _Planning, missing: list[target_lib.Slot]) -> None:
+def _report_missing(p: _Planning, missing: list[target_lib.TargetSlot]) -> None:
   """One problem per missing parameter, led by one note when the names differ from the
   checkpoint's keys by a prefix (linen ``variables`` passed instead of ``params``)."""
   if not missing:
@@ -351,7 +351,7 @@ def _common_extra_prefix(names: list[str], keys: set[str]) -> tuple[str, str] | 
   return None
 
 
-def _slot_is_placeable(p: _Planning, slot: target_lib.Slot) -> bool:
+def _slot_is_placeable(p: _Planning, slot: target_lib.TargetSlot) -> bool:
   """The slot's sharding divides its shape, and JAX can hold its dtype as it is."""
   try:
     slot.sharding.shard_shape(slot.shape)
@@ -372,7 +372,7 @@ def _slot_is_placeable(p: _Planning, slot: target_lib.Slot) -> bool:
   return True
 
 
-def _plan_direct(p: _Planning, slot: target_lib.Slot, key: str) -> PlanEntry | None:
+def _plan_direct(p: _Planning, slot: target_lib.TargetSlot, key: str) -> PlanEntry | None:
   meta = source_lib.metadata_of(p.source, key)
   if meta.shape != slot.shape:
     hint = (
@@ -396,7 +396,7 @@ def _plan_direct(p: _Planning, slot: target_lib.Slot, key: str) -> PlanEntry | N
   return None
 
 
-def _plan_recipe(p: _Planning, slot: target_lib.Slot, recipe: ops.Recipe) -> PlanEntry | None:
+def _plan_recipe(p: _Planning, slot: target_lib.TargetSlot, recipe: ops.Recipe) -> PlanEntry | None:
   try:
     p.backend.preflight_recipe(recipe, p.source)
     meta = inference.infer(recipe, p.source)

@@ -14,7 +14,7 @@ from paramreg_jax._src import api_types
 from paramreg_jax._src import html_table
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.restore import target as target_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 
 DtypePolicy = api_types.DtypePolicy
 

@@ -19,7 +19,7 @@ from paramreg_jax._src.registry import keys as keys_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Slot:
+class TargetSlot:
   """One parameter slot of a target: where it is and what it must receive."""
 
   key: str
@@ -46,11 +46,11 @@ def as_state(target: Any) -> Any:
   return target
 
 
-def slots(target: Any) -> tuple[list[Any], Any, list[Slot]]:
+def slots(target: Any) -> tuple[list[Any], Any, list[TargetSlot]]:
   """``(leaves, treedef, slots)`` of a target; every name collision is raised at once."""
   flat, treedef = jax.tree_util.tree_flatten_with_path(as_state(target))
   leaves = [leaf for _, leaf in flat]
-  found: list[Slot] = []
+  found: list[TargetSlot] = []
   names: list[str] = []
   paths = []
   at = [i for i, (_, leaf) in enumerate(flat) if is_slot(leaf)]
@@ -62,7 +62,7 @@ def slots(target: Any) -> tuple[list[Any], Any, list[Slot]]:
     if not isinstance(sharding, jax.sharding.Sharding):
       sharding = default_sharding()
     found.append(
-      Slot(
+      TargetSlot(
         keys_lib.NAMED_KEY_PREFIX + name, name, i, tuple(leaf.shape), np.dtype(leaf.dtype), sharding
       )
     )

@@ -21,7 +21,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.registry import assign as registry_lib
 from paramreg_jax._src.registry import keys as keys_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import orbax_remote
 from paramreg_jax._src.sources import selection as sel_lib

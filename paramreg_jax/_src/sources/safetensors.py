@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.safetensors_format import INDEX_NAME

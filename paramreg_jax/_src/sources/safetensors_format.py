@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 from paramreg_jax._src.sources.storage import remote

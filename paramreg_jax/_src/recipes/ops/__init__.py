@@ -5,7 +5,7 @@ A recipe describes how to derive one weight from checkpoint tensors: ``source`` 
 ``transpose``, ``cast``, ``view``, ``neg_log`` and ``subtract_one`` transform it; and
 ``dequantize``, ``scale_blocks``, ``mxfp4`` and ``block_values``/``block_scales``/
 ``block_mins`` read quantized storage. Nothing is dequantized unless a recipe says so: packed
-data stays as it is (``view`` reinterprets bits). ``catalog.OPS`` lists every op; a new one is
+data stays as it is (``view`` reinterprets bits). ``op_table.OPS`` lists every op; a new one is
 a file here and a line there (``tests/test_op_contract.py`` then asks for its sample).
 """
 
@@ -21,8 +21,6 @@ from paramreg_jax._src.recipes.ops.block_part import block_scales
 from paramreg_jax._src.recipes.ops.block_part import block_values
 from paramreg_jax._src.recipes.ops.cast import Cast
 from paramreg_jax._src.recipes.ops.cast import cast
-from paramreg_jax._src.recipes.ops.catalog import INVERSE_STEPS
-from paramreg_jax._src.recipes.ops.catalog import OPS
 from paramreg_jax._src.recipes.ops.concatenate import Concatenate
 from paramreg_jax._src.recipes.ops.concatenate import concatenate
 from paramreg_jax._src.recipes.ops.dequantize import Dequantize
@@ -31,6 +29,8 @@ from paramreg_jax._src.recipes.ops.mxfp4 import Mxfp4
 from paramreg_jax._src.recipes.ops.mxfp4 import mxfp4
 from paramreg_jax._src.recipes.ops.neg_log import NegLog
 from paramreg_jax._src.recipes.ops.neg_log import neg_log
+from paramreg_jax._src.recipes.ops.op_table import INVERSE_STEPS
+from paramreg_jax._src.recipes.ops.op_table import OPS
 from paramreg_jax._src.recipes.ops.reshape import Reshape
 from paramreg_jax._src.recipes.ops.reshape import reshape
 from paramreg_jax._src.recipes.ops.scale_blocks import ScaleBlocks

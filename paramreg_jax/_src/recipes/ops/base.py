@@ -14,7 +14,7 @@ An op (one file each in this folder) is a frozen, hashable dataclass deriving fr
   ``to_python``).
 
 The drivers pass the small interfaces below (:class:`Building`, :class:`Walking`), so an op
-file imports nothing of theirs. A new op is one new file plus its line in ``catalog.py``
+file imports nothing of theirs. A new op is one new file plus its line in ``op_table.py``
 (``OPS``) and its export in ``__init__.py``; ``tests/test_op_contract.py`` then asks for a sample.
 """
 
@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import selection as sel_lib
 
 Meta = source_lib.TensorMetadata

@@ -13,25 +13,25 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import source as source_op
-from paramreg_jax._src.recipes.quant import catalog
+from paramreg_jax._src.recipes.quant import formats as quant_formats
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 def kept_formats() -> list[str]:
   """The formats a quantized model can hold as they are."""
-  return sorted(n for n, f in catalog.FORMATS.items() if f.kept is not None)
+  return sorted(n for n, f in quant_formats.FORMATS.items() if f.kept is not None)
 
 
 def _splittable(name: str, where: Any, part: str = "values") -> Any:
-  fmt = catalog.FORMATS.get(name)
+  fmt = quant_formats.FORMATS.get(name)
   if fmt is None or fmt.kept is None:
     raise errors.UnknownQuantizationError(
       f"{where}: {name!r} blocks cannot be kept as values and scales (kept: "
       f"{', '.join(kept_formats())}); dequantize them instead"
     )
   if part == "mins" and not fmt.kept.mins:
-    with_mins = [n for n, f in catalog.FORMATS.items() if f.kept is not None and f.kept.mins]
+    with_mins = [n for n, f in quant_formats.FORMATS.items() if f.kept is not None and f.kept.mins]
     raise errors.UnknownQuantizationError(
       f"{where}: {name!r} has no minimums (x = scale * q; the formats with minimums are "
       f"{', '.join(with_mins)})"

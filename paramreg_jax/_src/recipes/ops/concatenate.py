@@ -11,7 +11,7 @@ import numpy as np
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import shared
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 def _slice(value: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:

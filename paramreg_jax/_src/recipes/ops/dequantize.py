@@ -12,9 +12,9 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.recipes.ops import source as source_op
-from paramreg_jax._src.recipes.quant import catalog
+from paramreg_jax._src.recipes.quant import formats as quant_formats
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 # blocks are dequantized this many bytes at a time (each format's kernel makes a few temporaries
 # of the chunk's size)
@@ -76,11 +76,11 @@ class Dequantize(base.Unary):
 
 
 def _format(name: str, where: Any) -> Any:
-  fmt = catalog.FORMATS.get(name)
+  fmt = quant_formats.FORMATS.get(name)
   if fmt is None:
     raise errors.UnknownQuantizationError(
-      f"{where}: unknown block format {name!r}; known: {', '.join(sorted(catalog.FORMATS))}"
-      + errors.did_you_mean(str(name), catalog.FORMATS)
+      f"{where}: unknown block format {name!r}; known: {', '.join(sorted(quant_formats.FORMATS))}"
+      + errors.did_you_mean(str(name), quant_formats.FORMATS)
     )
   return fmt
 

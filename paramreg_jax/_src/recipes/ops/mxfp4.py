@@ -10,9 +10,9 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
-from paramreg_jax._src.recipes.quant import mxfp4 as mxfp4_format
+from paramreg_jax._src.recipes.quant import microscaling
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Mxfp4(base.Recipe):
 
     def run(fetch: base.Fetch) -> np.ndarray:
       exps = np.ascontiguousarray(scales(fetch)).view(np.uint8)
-      return span.trim(mxfp4_format.dequantize_split(blocks(fetch), exps))
+      return span.trim(microscaling.dequantize_split(blocks(fetch), exps))
 
     return run
 

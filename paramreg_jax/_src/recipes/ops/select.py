@@ -8,7 +8,7 @@ from typing import Any
 
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from paramreg_jax._src import errors
 from paramreg_jax._src.recipes.ops import base
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 TRANSPOSE = base.InverseStep("transpose", np.transpose, lambda axes: f"transpose {axes}")
 

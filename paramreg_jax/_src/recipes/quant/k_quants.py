@@ -8,9 +8,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from paramreg_jax._src.recipes.quant import base
+from paramreg_jax._src.recipes.quant import block_format
 
-K = base.QK_K  # values per super-block
+K = block_format.QK_K  # values per super-block
 
 
 def _grouped(values: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = None) -> np.ndarray:
@@ -31,7 +31,7 @@ def _grouped(values: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = N
 def _q2_k_group_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Each group of 16's scale ``d * sc`` and minimum ``dmin * m``, float32 ``[n, 16]``."""
   scales = blocks[:, : K // 16]
-  d, dmin = base.f16(blocks[:, -4:-2]), base.f16(blocks[:, -2:])
+  d, dmin = block_format.f16(blocks[:, -4:-2]), block_format.f16(blocks[:, -2:])
   return d * (scales & 0xF).astype(np.float32), dmin * (scales >> 4).astype(np.float32)
 
 
@@ -39,21 +39,23 @@ def _q2_k_values(blocks: np.ndarray) -> np.ndarray:
   """The 2-bit values (0..3), uint8 ``[n, 256]``."""
   n = blocks.shape[0]
   qs = blocks[:, K // 16 : K // 16 + K // 4]
-  return (base.bits(qs, n, 4, 32, 2) & np.uint8(3)).reshape((n, K))
+  return (block_format.bits(qs, n, 4, 32, 2) & np.uint8(3)).reshape((n, K))
 
 
 def _q2_k_dequantize(blocks: np.ndarray) -> np.ndarray:
   return _grouped(_q2_k_values(blocks), *_q2_k_group_scales(blocks))
 
 
-def _q2_k_split(blocks: np.ndarray) -> base.Parts:
+def _q2_k_split(blocks: np.ndarray) -> block_format.Parts:
   """The 2-bit values, and each group's scale and minimum with ``d``/``dmin`` folded in."""
   scales, mins = _q2_k_group_scales(blocks)
-  return base.Parts(_q2_k_values(blocks).astype(ml_dtypes.uint4), scales, mins)
+  return block_format.Parts(_q2_k_values(blocks).astype(ml_dtypes.uint4), scales, mins)
 
 
-_Q2_K_KEPT = base.Kept(np.dtype(ml_dtypes.uint4), np.dtype(np.float32), 16, True, _q2_k_split)
-Q2_K = base.QuantFormat("Q2_K", K, 84, _q2_k_dequantize, _Q2_K_KEPT)
+_Q2_K_KEPT = block_format.Kept(
+  np.dtype(ml_dtypes.uint4), np.dtype(np.float32), 16, True, _q2_k_split
+)
+Q2_K = block_format.QuantFormat("Q2_K", K, 84, _q2_k_dequantize, _Q2_K_KEPT)
 
 
 # -- Q3_K: super-blocks of 256 3-bit values (2 low bits, a high-bit mask) in 16 groups with 6-bit
@@ -72,7 +74,7 @@ def _q3_k_scales(packed: np.ndarray, n: int) -> np.ndarray:
 
 def _q3_k_group_scales(blocks: np.ndarray) -> np.ndarray:
   """Each group of 16's scale ``d * (sc - 32)``, float32 ``[n, 16]``."""
-  packed, d = blocks[:, K // 8 + K // 4 : -2], base.f16(blocks[:, -2:])
+  packed, d = blocks[:, K // 8 + K // 4 : -2], block_format.f16(blocks[:, -2:])
   return d * _q3_k_scales(packed, blocks.shape[0])
 
 
@@ -80,8 +82,8 @@ def _q3_k_values(blocks: np.ndarray) -> np.ndarray:
   """The signed 3-bit values (-4..3), int8 ``[n, 256]``."""
   n = blocks.shape[0]
   hmask, qs = blocks[:, : K // 8], blocks[:, K // 8 : K // 8 + K // 4]
-  ql = base.bits(qs, n, 4, 32, 2).reshape((n, 16, K // 16)) & np.uint8(3)
-  qh = base.bits(hmask, n, 8, 32, 1).reshape((n, 16, K // 16)) & np.uint8(1)
+  ql = block_format.bits(qs, n, 4, 32, 2).reshape((n, 16, K // 16)) & np.uint8(3)
+  qh = block_format.bits(hmask, n, 8, 32, 1).reshape((n, 16, K // 16)) & np.uint8(1)
   qh = qh ^ np.uint8(1)  # a set mask bit means no offset
   return (ql.astype(np.int8) - (qh << np.uint8(2)).astype(np.int8)).reshape((n, K))
 
@@ -90,13 +92,15 @@ def _q3_k_dequantize(blocks: np.ndarray) -> np.ndarray:
   return _grouped(_q3_k_values(blocks), _q3_k_group_scales(blocks))
 
 
-def _q3_k_split(blocks: np.ndarray) -> base.Parts:
+def _q3_k_split(blocks: np.ndarray) -> block_format.Parts:
   """The signed 3-bit values and each group's scale with ``d`` folded in."""
-  return base.Parts(_q3_k_values(blocks).astype(ml_dtypes.int4), _q3_k_group_scales(blocks))
+  return block_format.Parts(_q3_k_values(blocks).astype(ml_dtypes.int4), _q3_k_group_scales(blocks))
 
 
-_Q3_K_KEPT = base.Kept(np.dtype(ml_dtypes.int4), np.dtype(np.float32), 16, False, _q3_k_split)
-Q3_K = base.QuantFormat("Q3_K", K, 110, _q3_k_dequantize, _Q3_K_KEPT)
+_Q3_K_KEPT = block_format.Kept(
+  np.dtype(ml_dtypes.int4), np.dtype(np.float32), 16, False, _q3_k_split
+)
+Q3_K = block_format.QuantFormat("Q3_K", K, 110, _q3_k_dequantize, _Q3_K_KEPT)
 
 
 # -- Q4_K: super-blocks of 256 4-bit values in 8 groups with 6-bit scales and minimums, and
@@ -115,27 +119,29 @@ def _q4_k_scale_min(packed: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
 def _q4_k_group_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Each group's scale ``d * sc`` and minimum ``dmin * m``, float32 ``[n, 8]`` (Q4_K, Q5_K)."""
   n = blocks.shape[0]
-  d, dmin = base.f16(blocks[:, :2]), base.f16(blocks[:, 2:4])
+  d, dmin = block_format.f16(blocks[:, :2]), block_format.f16(blocks[:, 2:4])
   sc, m = _q4_k_scale_min(blocks[:, 4:16], n)
   return d * sc.astype(np.float32), dmin * m.astype(np.float32)
 
 
 def _q4_k_values(blocks: np.ndarray) -> np.ndarray:
-  return base.nibbles(blocks[:, 16:], blocks.shape[0], 32)
+  return block_format.nibbles(blocks[:, 16:], blocks.shape[0], 32)
 
 
 def _q4_k_dequantize(blocks: np.ndarray) -> np.ndarray:
   return _grouped(_q4_k_values(blocks), *_q4_k_group_scales(blocks))
 
 
-def _q4_k_split(blocks: np.ndarray) -> base.Parts:
+def _q4_k_split(blocks: np.ndarray) -> block_format.Parts:
   """The 4-bit values (0..15), and each group's scale and minimum with ``d``/``dmin`` folded in."""
   scales, mins = _q4_k_group_scales(blocks)
-  return base.Parts(_q4_k_values(blocks).astype(ml_dtypes.uint4), scales, mins)
+  return block_format.Parts(_q4_k_values(blocks).astype(ml_dtypes.uint4), scales, mins)
 
 
-_Q4_K_KEPT = base.Kept(np.dtype(ml_dtypes.uint4), np.dtype(np.float32), 8, True, _q4_k_split)
-Q4_K = base.QuantFormat("Q4_K", K, 144, _q4_k_dequantize, _Q4_K_KEPT)
+_Q4_K_KEPT = block_format.Kept(
+  np.dtype(ml_dtypes.uint4), np.dtype(np.float32), 8, True, _q4_k_split
+)
+Q4_K = block_format.QuantFormat("Q4_K", K, 144, _q4_k_dequantize, _Q4_K_KEPT)
 
 
 # -- Q5_K: super-blocks of 256 5-bit values (low nibbles, a high-bit mask) in 8 groups with 6-bit
@@ -146,8 +152,8 @@ def _q5_k_values(blocks: np.ndarray) -> np.ndarray:
   """The 5-bit values (0..31), uint8 ``[n, 256]``."""
   n = blocks.shape[0]
   qh, qs = blocks[:, 16 : 16 + K // 8], blocks[:, 16 + K // 8 :]
-  ql = base.nibbles(qs, n, 32).reshape((n, -1, 32))
-  high = (base.bits(qh, n, 8, 32, 1) & np.uint8(0x01)).reshape((n, -1, 32))
+  ql = block_format.nibbles(qs, n, 32).reshape((n, -1, 32))
+  high = (block_format.bits(qh, n, 8, 32, 1) & np.uint8(0x01)).reshape((n, -1, 32))
   return (ql | (high << np.uint8(4))).reshape((n, K))
 
 
@@ -155,14 +161,14 @@ def _q5_k_dequantize(blocks: np.ndarray) -> np.ndarray:
   return _grouped(_q5_k_values(blocks), *_q4_k_group_scales(blocks))
 
 
-def _q5_k_split(blocks: np.ndarray) -> base.Parts:
+def _q5_k_split(blocks: np.ndarray) -> block_format.Parts:
   """The 5-bit values, and each group's scale and minimum with ``d``/``dmin`` folded in."""
   scales, mins = _q4_k_group_scales(blocks)
-  return base.Parts(_q5_k_values(blocks), scales, mins)
+  return block_format.Parts(_q5_k_values(blocks), scales, mins)
 
 
-_Q5_K_KEPT = base.Kept(np.dtype(np.uint8), np.dtype(np.float32), 8, True, _q5_k_split)
-Q5_K = base.QuantFormat("Q5_K", K, 176, _q5_k_dequantize, _Q5_K_KEPT)
+_Q5_K_KEPT = block_format.Kept(np.dtype(np.uint8), np.dtype(np.float32), 8, True, _q5_k_split)
+Q5_K = block_format.QuantFormat("Q5_K", K, 176, _q5_k_dequantize, _Q5_K_KEPT)
 
 
 # -- Q6_K: super-blocks of 256 6-bit values in 16 groups with int8 scales, and a float16 ``d``
@@ -172,15 +178,15 @@ Q5_K = base.QuantFormat("Q5_K", K, 176, _q5_k_dequantize, _Q5_K_KEPT)
 def _q6_k_scales(blocks: np.ndarray) -> np.ndarray:
   """Each group of 16's scale ``d * sc``, float32 ``[n, 16]``."""
   scales = np.ascontiguousarray(blocks[:, K // 2 + K // 4 : -2]).view(np.int8)
-  return base.f16(blocks[:, -2:]) * scales.astype(np.float32)
+  return block_format.f16(blocks[:, -2:]) * scales.astype(np.float32)
 
 
 def _q6_k_values(blocks: np.ndarray) -> np.ndarray:
   """The 6-bit values less 32 (-32..31), int8 ``[n, 256]``."""
   n = blocks.shape[0]
   ql, qh = blocks[:, : K // 2], blocks[:, K // 2 : K // 2 + K // 4]
-  low = base.nibbles(ql, n, 64).reshape((n, -1, 32))
-  high = (base.bits(qh, n, 4, 32, 2) & np.uint8(0x03)).reshape((n, -1, 32))
+  low = block_format.nibbles(ql, n, 64).reshape((n, -1, 32))
+  high = (block_format.bits(qh, n, 4, 32, 2) & np.uint8(0x03)).reshape((n, -1, 32))
   return ((low | (high << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape((n, K))
 
 
@@ -188,10 +194,10 @@ def _q6_k_dequantize(blocks: np.ndarray) -> np.ndarray:
   return _grouped(_q6_k_values(blocks), _q6_k_scales(blocks))
 
 
-def _q6_k_split(blocks: np.ndarray) -> base.Parts:
+def _q6_k_split(blocks: np.ndarray) -> block_format.Parts:
   """The signed 6-bit values and each group of 16's scale with ``d`` folded in."""
-  return base.Parts(_q6_k_values(blocks), _q6_k_scales(blocks))
+  return block_format.Parts(_q6_k_values(blocks), _q6_k_scales(blocks))
 
 
-_Q6_K_KEPT = base.Kept(np.dtype(np.int8), np.dtype(np.float32), 16, False, _q6_k_split)
-Q6_K = base.QuantFormat("Q6_K", K, 210, _q6_k_dequantize, _Q6_K_KEPT)
+_Q6_K_KEPT = block_format.Kept(np.dtype(np.int8), np.dtype(np.float32), 16, False, _q6_k_split)
+Q6_K = block_format.QuantFormat("Q6_K", K, 210, _q6_k_dequantize, _Q6_K_KEPT)

@@ -44,7 +44,7 @@ from paramreg_jax._src.restore.jax_backend import direct
 from paramreg_jax._src.restore.jax_backend import reads as reads_lib
 from paramreg_jax._src.restore.jax_backend import windows
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 def default() -> JaxBackend:

@@ -25,7 +25,7 @@ from paramreg_jax._src.restore.contract import Materialization
 from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.restore.jax_backend import budget as budget_lib
 from paramreg_jax._src.restore.jax_backend import transfer
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 
@@ -34,14 +34,14 @@ def layouts(
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   source: source_lib.CheckpointSource,
   whole_bytes: int,
-) -> list[transfer.Layout | None]:
+) -> list[transfer.DeviceSplit | None]:
   """For each request, the layout of a small stored tensor restored as it is, when it can take
   the direct path (read stacked with its neighbours, built in grid order, one transfer), else
   None (the general path: recipes, selections, large tensors, shardings without a grid)."""
   if not whole_bytes:
     return [None] * len(requests)
-  seen: dict[tuple[Any, ...], transfer.Layout | None] = {}  # per (sharding, shape)
-  out: list[transfer.Layout | None] = []
+  seen: dict[tuple[Any, ...], transfer.DeviceSplit | None] = {}  # per (sharding, shape)
+  out: list[transfer.DeviceSplit | None] = []
   for recipe, context in requests:
     lay = None
     if (
@@ -69,7 +69,7 @@ def materialize(
   source: source_lib.CheckpointSource,
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   small: list[int],
-  layouts: list[transfer.Layout | None],
+  layouts: list[transfer.DeviceSplit | None],
   budget: int,
 ) -> list[tuple[int, Materialization]]:
   """Small stored tensors restored as they are, by chunks of one shape, dtype and sharding.
@@ -146,7 +146,7 @@ def _chunks(
 def _assemble(
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   chunk: list[int],
-  layouts: list[transfer.Layout | None],
+  layouts: list[transfer.DeviceSplit | None],
   built: np.ndarray,
   transferring: list[jax.Array],
   out: list[tuple[int, Materialization]],
@@ -189,7 +189,7 @@ def _read_chunk(
   source: source_lib.CheckpointSource,
   requests: Sequence[tuple[ops.Recipe, MaterializationContext]],
   chunk: list[int],
-  lay: transfer.Layout,
+  lay: transfer.DeviceSplit,
   scratch: _Scratch,
 ) -> np.ndarray:
   """The weights of ``chunk`` read stacked and copied into grid order: ``[n, *grid_shape]``,

@@ -14,7 +14,7 @@ from paramreg_jax._src.restore.jax_backend import reads as reads_lib
 from paramreg_jax._src.restore.jax_backend import transfer
 
 
-def grid_of(task: reads_lib.Task) -> transfer.Layout | None:
+def grid_of(task: reads_lib.Task) -> transfer.DeviceSplit | None:
   """The layout of a weight built whole, when its shards form a grid of more than one block
   (it is then built in grid order), else None."""
   if task.whole is None:

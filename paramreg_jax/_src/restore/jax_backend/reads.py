@@ -25,7 +25,7 @@ import numpy as np
 
 from paramreg_jax._src.recipes import compiler
 from paramreg_jax._src.sources import selection as sel_lib
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 def intersects(a: sel_lib.Region, b: sel_lib.Region) -> bool:

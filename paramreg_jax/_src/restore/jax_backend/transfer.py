@@ -69,7 +69,7 @@ _TRANSFER = _private_transfer()
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class DeviceSplit:
   """How ``sharding`` splits ``shape`` over this process's devices.
 
   Attributes:
@@ -149,16 +149,16 @@ def _grid(
 
 
 @functools.lru_cache(maxsize=1024)
-def _layout(sharding: Any, shape: tuple[int, ...]) -> Layout:
+def _layout(sharding: Any, shape: tuple[int, ...]) -> DeviceSplit:
   index_map = sharding.addressable_devices_indices_map(shape)
   devices = tuple(index_map)
   regions = tuple(sel_lib.normalize_index(index_map[d], shape, where="sharding") for d in devices)
   found = _grid(shape, regions) if regions else None
   grid, coords = found if found is not None else (None, None)
-  return Layout(shape, devices, regions, grid, coords)
+  return DeviceSplit(shape, devices, regions, grid, coords)
 
 
-def layout(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> Layout:
+def layout(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> DeviceSplit:
   """How ``sharding`` splits ``shape`` (cached per sharding and shape).
 
   Examples:

@@ -28,7 +28,7 @@ from paramreg_jax._src.restore.contract import MaterializationContext
 from paramreg_jax._src.restore.jax_backend import budget as budget_lib
 from paramreg_jax._src.restore.jax_backend import handover
 from paramreg_jax._src.restore.jax_backend import reads as reads_lib
-from paramreg_jax._src.sources import base as source_lib
+from paramreg_jax._src.sources import checkpoint_source as source_lib
 from paramreg_jax._src.sources import host_memory
 from paramreg_jax._src.sources import selection as sel_lib
 

@@ -1,11 +1,25 @@
 """What a range request can answer, for every transport (the standard-library reader, fsspec,
 bucket reads of a pinned version, the Hub): the outcomes as exceptions, which the remote file
-turns into retries or library errors, and the ``Content-Range`` an answer names its bytes by.
+turns into retries (after the backoff of :func:`attempts`) or library errors, and the
+``Content-Range`` an answer names its bytes by.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Iterator
+
+
+def attempts(retries: int) -> Iterator[int]:
+  """The attempts ``0 .. retries`` of a request whose transient failures are retried: before
+  each retry, a sleep that doubles from 0.05 s up to 2 s (exponential backoff)."""
+  delay = 0.05
+  for attempt in range(retries + 1):
+    if attempt:
+      time.sleep(delay)
+      delay = min(2 * delay, 2.0)
+    yield attempt
 
 
 class RangeNotSupported(Exception):

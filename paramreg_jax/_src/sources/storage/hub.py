@@ -21,11 +21,11 @@ import http.client
 import json
 import os
 import re
-import time
 import urllib.parse
 from typing import Any
 
 from paramreg_jax._src import errors
+from paramreg_jax._src.sources.storage import answers
 from paramreg_jax._src.sources.storage import http_ranges
 from paramreg_jax._src.sources.storage.answers import Refused
 from paramreg_jax._src.sources.storage.answers import TooLarge
@@ -161,8 +161,7 @@ def _get_json(
 ) -> dict[str, Any]:
   """The Hub's JSON answer; 5xx, 429, time-outs and dropped connections are retried with
   backoff."""
-  delay = 0.05
-  for attempt in range(retries + 1):
+  for attempt in answers.attempts(retries):
     try:
       return _ask(url, api, headers, timeout)
     except (Transient, OSError, http.client.HTTPException) as e:  # a garbled answer too
@@ -172,8 +171,6 @@ def _get_json(
           f"{url}: asking the Hub for the commit ({api}) {kind} after {attempt + 1} "
           f"attempt(s) (timeout {timeout:g} s)"
         ) from None
-    time.sleep(delay)
-    delay = min(2 * delay, 2.0)
   raise errors.SourceIOError(f"{url}: no attempt was made")
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import time
 import urllib.parse
 from typing import Any
 
@@ -297,8 +296,7 @@ def retrying(call: Any, what: str, *, url: Any, retries: int, timeout: float) ->
   HTTP 5xx or 429); every other failure, and the last transient one, is a ``SourceIOError``
   naming ``url`` and what was being read. ``FileNotFoundError`` and ``TooLarge`` pass through
   for the caller to name."""
-  delay = 0.05
-  for attempt in range(retries + 1):
+  for attempt in answers.attempts(retries):
     try:
       return call()
     except (FileNotFoundError, PermissionError, RangeNotSupported, Refused, Changed, TooLarge) as e:
@@ -321,8 +319,6 @@ def retrying(call: Any, what: str, *, url: Any, retries: int, timeout: float) ->
           f"{url}: reading {what} {kind} after {attempt + 1} attempt(s) "
           f"(timeout {timeout:g} s, retries={retries})"
         ) from e
-      time.sleep(delay)
-      delay = min(2 * delay, 2.0)
   raise errors.SourceIOError(f"{url}: reading {what}: no attempt was made")
 
 

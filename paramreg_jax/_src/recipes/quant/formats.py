@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from paramreg_jax._src.recipes.quant import k_quants
 from paramreg_jax._src.recipes.quant import legacy
-from paramreg_jax._src.recipes.quant import mxfp4
-from paramreg_jax._src.recipes.quant.base import QuantFormat
+from paramreg_jax._src.recipes.quant import microscaling
+from paramreg_jax._src.recipes.quant.block_format import QuantFormat
 
 FORMATS: dict[str, QuantFormat] = {
   f.name: f
@@ -20,6 +20,6 @@ FORMATS: dict[str, QuantFormat] = {
     k_quants.Q4_K,
     k_quants.Q5_K,
     k_quants.Q6_K,
-    mxfp4.FORMAT,
+    microscaling.FORMAT,
   )
 }

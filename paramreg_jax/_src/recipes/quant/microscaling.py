@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paramreg_jax._src.recipes.quant import base
+from paramreg_jax._src.recipes.quant import block_format
 
 # E2M1 values, doubled (GGUF folds the halving into the exponent)
 KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
@@ -30,11 +30,11 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
 def dequantize(blocks: np.ndarray) -> np.ndarray:
   n = blocks.shape[0]
   d = e8m0_half(blocks[:, :1])
-  idx = base.nibbles(blocks[:, 1:], n, 16)
+  idx = block_format.nibbles(blocks[:, 1:], n, 16)
   return d * KVALUES[idx].astype(np.float32)
 
 
-FORMAT = base.QuantFormat("MXFP4", 32, 17, dequantize)
+FORMAT = block_format.QuantFormat("MXFP4", 32, 17, dequantize)
 
 
 def dequantize_split(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:

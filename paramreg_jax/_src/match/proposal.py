@@ -12,7 +12,7 @@ from paramreg_jax._src import html_table
 from paramreg_jax._src import text_width
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.recipes import sets
-from paramreg_jax._src.sources.base import CheckpointSource
+from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 
 @dataclasses.dataclass(frozen=True)
