@@ -2,16 +2,17 @@
 
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
-DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi
-and Mamba, each randomly initialised at toy size and saved as ``save_pretrained`` writes it
-(``model.safetensors``, ``config.json``). ``tests/test_match_unseen.py`` writes targets for
+DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
+Mamba and a diffusion VAE (diffusers' ``AutoencoderKL``), each randomly initialised at toy size
+and saved as ``save_pretrained`` writes it (``model.safetensors`` or, for diffusers,
+``diffusion_pytorch_model.safetensors``; ``config.json``). ``tests/test_match_unseen.py`` writes targets for
 them in the styles JAX code is written in (flax auto-names, big_vision, timm sequentials,
 haiku, equinox, stacked layers) and checks every restored leaf against a conversion written
 out by hand.
 
-The test suite needs neither torch nor transformers. To regenerate::
+The test suite needs none of torch, transformers or diffusers. To regenerate::
 
-    pip install torch transformers
+    pip install torch transformers diffusers
     python tests/make_unseen_fixtures.py           # all
     python tests/make_unseen_fixtures.py convnext  # one
 """
@@ -203,6 +204,27 @@ CASES = {
     )
   ),
 }
+
+
+def _vae() -> torch.nn.Module:
+  """A diffusion VAE as diffusers saves it (``diffusion_pytorch_model.safetensors``): convs,
+  group norms, and one attention block in each tower whose weights are all square."""
+  import diffusers  # only here: the other fixtures need transformers alone
+
+  return diffusers.AutoencoderKL(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 2,
+    up_block_types=("UpDecoderBlock2D",) * 2,
+    block_out_channels=(8, 16),
+    layers_per_block=1,
+    latent_channels=4,
+    norm_num_groups=4,
+    sample_size=16,
+  )
+
+
+CASES["vae"] = _vae
 
 
 def _randomize(model: torch.nn.Module) -> None:

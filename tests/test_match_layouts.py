@@ -811,3 +811,73 @@ def test_a_sequential_in_a_layer_is_not_a_list_of_lists():
   assert numbering.lists_of_lists(names) == {}
   alike = [f"blocks.{s}.{b}.conv.weight" for s in (0, 1) for b in (0, 1)]
   assert numbering.lists_of_lists(alike)["blocks.1.0.conv.weight"] == (1, 0)
+
+
+# --- a conv kernel orients the square linear weights beside it (axes._conv_votes) -------------
+
+
+def _conv_and_square(stored_as):
+  """A checkpoint whose only non-square weight is a conv, and a flax target: its attention's
+  square ``query``/``key`` kernels are oriented by the conv alone."""
+  r = np.random.default_rng(3)
+  conv = r.standard_normal((8, 4, 3, 3)).astype(np.float32)  # [out, in, h, w]
+  q, k = (r.standard_normal((8, 8)).astype(np.float32) for _ in range(2))  # [out, in]
+  if stored_as == "torch":
+    tensors = {"conv.weight": conv, "attn.query.weight": q, "attn.key.weight": k}
+  else:  # a JAX checkpoint: [h, w, in, out] and [in, out]
+    tensors = {
+      "conv.kernel": conv.transpose(2, 3, 1, 0),
+      "attn.query.kernel": q.T,
+      "attn.key.kernel": k.T,
+    }
+  expect = {
+    "conv": {"kernel": conv.transpose(2, 3, 1, 0)},
+    "attn": {"query": {"kernel": q.T}, "key": {"kernel": k.T}},
+  }
+  return prj.MemorySource(tensors), expect
+
+
+@pytest.mark.parametrize("stored_as", ["torch", "jax"])
+def test_a_conv_orients_the_square_weights_nothing_else_orients(stored_as):
+  src, expect = _conv_and_square(stored_as)
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), expect)
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  for (path, want), leaf in zip(
+    jax.tree_util.tree_flatten_with_path(expect)[0], jax.tree.leaves(got)
+  ):
+    np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(path))
+
+
+def test_a_conv_does_not_outvote_the_linear_weights_shapes():
+  """GPT-2's ``Conv1D`` keeps its linear weights ``[in, out]``: a non-square one says so, and a
+  conv beside it (stored ``[out, in, h, w]``) is not heard."""
+  r = np.random.default_rng(4)
+  conv = r.standard_normal((8, 4, 3, 3)).astype(np.float32)
+  up, q = (
+    r.standard_normal((8, 16)).astype(np.float32),
+    r.standard_normal((8, 8)).astype(np.float32),
+  )
+  src = prj.MemorySource({"conv.weight": conv, "mlp.c_fc.weight": up, "attn.q.weight": q})
+  expect = {
+    "conv": {"kernel": conv.transpose(2, 3, 1, 0)},
+    "mlp": {"c_fc": {"kernel": up}},
+    "attn": {"q": {"kernel": q}},
+  }
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), expect)
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  np.testing.assert_array_equal(np.asarray(got["attn"]["q"]["kernel"]), q)
+
+
+def test_a_1x1_conv_is_the_conv_layout_not_a_reshape():
+  """``[o, i, 1, 1] -> [1, 1, i, o]`` with ``o == i`` is also a plain reshape of the same
+  size, which would read the kernel transposed."""
+  w = np.arange(64, dtype=np.float32).reshape(8, 8, 1, 1)
+  src = prj.MemorySource(
+    {"quant_conv.weight": w, "conv_in.weight": np.ones((8, 3, 3, 3), np.float32)}
+  )
+  target = {
+    "quant_conv": {"kernel": jax.ShapeDtypeStruct((1, 1, 8, 8), np.float32)},
+    "conv_in": {"kernel": jax.ShapeDtypeStruct((3, 3, 3, 8), np.float32)},
+  }
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  np.testing.assert_array_equal(np.asarray(got["quant_conv"]["kernel"]), w.transpose(2, 3, 1, 0))

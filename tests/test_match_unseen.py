@@ -43,7 +43,8 @@ DATA = pathlib.Path(__file__).parent / "data" / "unseen"
 
 
 def ld(name):
-  return load_file(str(DATA / name / "model.safetensors"))
+  (path,) = [p for p in (DATA / name).glob("*.safetensors")]  # diffusers names its file its way
+  return load_file(str(path))
 
 
 def T(x):
@@ -1409,9 +1410,81 @@ def mamba_flax():
   }
 
 
+def _vae_tree(c, lists):
+  """diffusers' ``AutoencoderKL`` as its flax port kept it: linen list attributes
+  (``down_blocks_0/resnets_0``), or an NNX port's lists (``down_blocks/0/resnets/0``); flax
+  conv kernels ``[h, w, in, out]``, the attention's ``query``/``key``/``value``/``proj_attn``
+  ``[in, out]`` (square, like every weight of the attention block)."""
+
+  def items(word, values):
+    return {word: values} if lists else {f"{word}_{j}": v for j, v in enumerate(values)}
+
+  def norm(p):
+    return {"scale": c[p + ".weight"], "bias": c[p + ".bias"]}
+
+  def conv(p):
+    return {"kernel": conv2(c[p + ".weight"]), "bias": c[p + ".bias"]}
+
+  def dense(p):
+    return {"kernel": T(c[p + ".weight"]), "bias": c[p + ".bias"]}
+
+  def resnet(p):
+    r = {"norm1": norm(p + ".norm1"), "conv1": conv(p + ".conv1")}
+    r |= {"norm2": norm(p + ".norm2"), "conv2": conv(p + ".conv2")}
+    return r | (
+      {"conv_shortcut": conv(p + ".conv_shortcut")} if p + ".conv_shortcut.weight" in c else {}
+    )
+
+  def mid(p):
+    a = p + ".attentions.0"
+    attention = {"group_norm": norm(a + ".group_norm"), "proj_attn": dense(a + ".to_out.0")}
+    attention |= {n: dense(f"{a}.to_{n[0]}") for n in ("query", "key", "value")}
+    resnets = [resnet(f"{p}.resnets.{j}") for j in range(2)]
+    return items("resnets", resnets) | items("attentions", [attention])
+
+  def blocks(tower, kind, n):
+    out = []
+    for i in range(2):
+      p = f"{tower}.{kind}_blocks.{i}"
+      b = items("resnets", [resnet(f"{p}.resnets.{j}") for j in range(n)])
+      sampler = "downsamplers" if kind == "down" else "upsamplers"
+      if f"{p}.{sampler}.0.conv.weight" in c:
+        b |= items(sampler, [{"conv": conv(f"{p}.{sampler}.0.conv")}])
+      out.append(b)
+    return items(f"{kind}_blocks", out)
+
+  def tower(name, kind, n):
+    t = {"conv_in": conv(name + ".conv_in"), "mid_block": mid(name + ".mid_block")}
+    t |= blocks(name, kind, n)
+    return t | {
+      "conv_norm_out": norm(name + ".conv_norm_out"),
+      "conv_out": conv(name + ".conv_out"),
+    }
+
+  return {
+    "encoder": tower("encoder", "down", 1),
+    "decoder": tower("decoder", "up", 2),
+    "quant_conv": conv("quant_conv"),
+    "post_quant_conv": conv("post_quant_conv"),
+  }
+
+
+def vae_flax_linen():
+  """A diffusion VAE in linen, its lists set up as attributes (``resnets_0``): the numbers
+  are in the names, not apart as the checkpoint's (``resnets.0``)."""
+  return "vae", _vae_tree(ld("vae"), lists=False)
+
+
+def vae_nnx():
+  """The VAE as an NNX port keeps it: lists (``resnets/0``)."""
+  return "vae", _vae_tree(ld("vae"), lists=True)
+
+
 MAPPED = {
   f.__name__: f
   for f in (
+    vae_flax_linen,
+    vae_nnx,
     convnext_timm,
     convnext_timm_scanned,
     beit_timm,
@@ -1481,6 +1554,8 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 
 # the cases that map without their config.json too (what names and shapes alone say)
 WITHOUT_CONFIG = (
+  "vae_flax_linen",
+  "vae_nnx",
   "deepseek_maxtext",
   "deepseek_maxtext_scanned",
   "qwen2_moe_nnx",

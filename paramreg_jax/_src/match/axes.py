@@ -50,12 +50,13 @@ def linear_convention(
   and haiku's ``kernel``/``w``): ``"t"`` (PyTorch ``[out, in]``) or ``"same"`` (``Conv1D``);
   the config says it for a Hugging Face checkpoint, and those leaves' non-square shapes
   (compared with the tensors of the same name) say it too (``by``: ``"config"``,
-  ``"shapes"``). ``other`` is the relation the rest of the target's non-square weights show
+  ``"shapes"``), else its conv kernels' (:func:`_conv_votes`). ``other`` is the relation the rest of the target's non-square weights show
   (a leaf named ``weight`` or ``wq`` may be ``[out, in]``: equinox's is), which no config can
   say. ``problem`` if either's evidence disagrees. Only the parameters still undecided vote:
   a hinted one (``hinted``) is the user's to lay out.
   """
   votes: dict[bool, dict[str, list[str]]] = {g: {"t": [], "same": []} for g in (True, False)}
+  convs: dict[str, list[str]] = {"t": [], "same": []}  # heard where nothing else speaks
   for slot in slots:
     if slot.name in hinted:
       continue
@@ -64,6 +65,9 @@ def linear_convention(
     indices = tc.indices
     if not indices and "layers" in tc.tokens and len(slot.shape) == 3:
       shape, indices = one_layer(tuple(slot.shape), tc, ck), (0,)  # compare with layer 0
+    if in_out_leaf(slot.name) and shape is not None and len(shape) == 4:
+      _conv_votes(convs, slot.name, shape, tc, indices, ck)
+      continue
     if shape is None or not linear_target(tc, shape) or shape[0] == shape[1]:
       continue
     said: dict[str, list[str]] = {"t": [], "same": []}
@@ -81,9 +85,39 @@ def linear_convention(
       continue  # named alike both ways (equinox's mlp/layers/0: c_fc as stored, c_proj turned)
     for relation, pairs in said.items():
       votes[in_out_leaf(slot.name)][relation] += pairs
+  if not ck.facts.convention and not any(votes[True].values()):
+    votes[True] = convs
   stored, by, problem = _agreed(votes[True], ck.facts.convention, ck.facts.model_type)
   other, _, other_problem = _agreed(votes[False], None, None)
   return stored, by, other, problem or other_problem
+
+
+def _conv_votes(
+  votes: dict[str, list[str]],
+  name: str,
+  shape: tuple[int, ...],
+  tc: Concepts,
+  indices: tuple[int, ...],
+  ck: Checkpoint,
+) -> None:
+  """What a conv kernel (flax's and haiku's ``[h, w, in, out]``, ``in != out``) says of the
+  checkpoint's linear weights: stored ``[out, in, h, w]`` (PyTorch's and equinox's), the
+  framework keeps its linear weights ``[out, in]`` too (``"t"``); stored as the kernel is (a
+  JAX or TensorFlow checkpoint), ``[in, out]`` (``"same"``). Every framework lays out its
+  convs and its linear weights alike, in or out first; this orients the square attention
+  weights of a model whose only non-square weights are convs (a diffusion VAE). Heard only
+  where neither the config nor a linear weight's shape says it (GPT-2's ``Conv1D`` keeps its
+  linear weights ``[in, out]`` whatever a conv beside them would say)."""
+  if shape[2] == shape[3]:
+    return
+  for k in ck.by_layer.get(indices, ()):
+    sc, sshape = ck.concepts[k], ck.shapes[k]
+    if sc.kind != "w" or sc.bare or sc.similarity(tc) < 0.75:
+      continue
+    if sshape == (shape[3], shape[2], shape[0], shape[1]):
+      votes["t"].append(f"{k} {sshape} = {name} as [out, in, h, w]")
+    elif sshape == shape:
+      votes["same"].append(f"{k} {sshape} = {name}")
 
 
 def one_layer(shape: tuple[int, ...], tc: Concepts, ck: Checkpoint) -> tuple[int, ...] | None:

@@ -57,7 +57,8 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
       out.append(("t+heads", lambda r: ops.reshape(ops.transpose(r, (1, 0)), dst)))
     if _reshapes(src, dst):
       out.append(("heads", lambda r: ops.reshape(r, dst)))
-  elif len(src) != 2 and src != dst and _reshapes(src, dst):
+  elif len(src) != 2 and src != dst and _reshapes(src, dst) and not out:
+    # (a 1x1 conv's [o, i, 1, 1] -> [1, 1, i, o] is the conv layout, not a reshape)
     out.append(("heads", lambda r: ops.reshape(r, dst)))
   return out
 

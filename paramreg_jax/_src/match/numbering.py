@@ -39,6 +39,7 @@ from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import components
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.match.vocabulary import is_container
 from paramreg_jax._src.match.vocabulary import numbers_items
 
 
@@ -144,6 +145,63 @@ def lists_of_lists(names: Sequence[str]) -> dict[str, tuple[int, int]]:
     for name, (prefix, b) in at.items()
     if prefix in alike
   }
+
+
+# a lowercase word and its item's number in one component: a list attribute of a linen module
+# set up in ``setup`` (``self.resnets = [...]`` is named ``resnets_0``, ``resnets_1``)
+_ITEM = re.compile(r"^([a-z][a-z0-9]*(?:_[a-z][a-z0-9]*)*)_(\d+)$")
+
+
+def item_words(names: Sequence[str]) -> frozenset[str]:
+  """The words a target numbers its list's items with in the same component (``resnets_0``),
+  and never apart (``resnets/0``); not the words already read as numbering layers there
+  (``layers_3``, ``blocks_1``).
+
+  Examples:
+    >>> sorted(item_words(["mid/resnets_0/conv1/kernel", "layers_1/mlp/kernel", "blocks_1/x"]))
+    ['resnets']
+  """
+  words, apart = set(), set()
+  for name in names:
+    parts = name.split("/")
+    for j, part in enumerate(parts):
+      if m := _ITEM.match(part):
+        words.add(m.group(1))
+      elif part.isdigit() and j:
+        apart.add(parts[j - 1])
+  return frozenset(w for w in words - apart if not is_container(f"{w}_0"))
+
+
+def spelled_as_target(keys: Sequence[str], names: Sequence[str]) -> dict[str, str]:
+  """``{key: the key as the target spells its lists}``, for the keys that number the items of
+  a list the target numbers in one component (``decoder.mid_block.resnets.1.norm1.weight``
+  read as ``decoder.mid_block.resnets_1.norm1.weight`` beside a target's ``resnets_1``): the
+  checkpoint's names are then folded as the target's are, the item's number a place on both
+  sides, and the key whose path is the leaf's own tells alike items apart
+  (``vocabulary.same_path``).
+
+  Examples:
+    >>> keys = ["vae.resnets.1.norm1.weight", "vae.attentions.0.to_out.0.weight", "vae.conv.weight"]
+    >>> spelled = spelled_as_target(keys, ["resnets_1/norm1/scale", "attentions_0/proj_attn/kernel"])
+    >>> spelled["vae.resnets.1.norm1.weight"], spelled["vae.attentions.0.to_out.0.weight"]
+    ('vae.resnets_1.norm1.weight', 'vae.attentions_0.to_out_0.weight')
+    >>> "vae.conv.weight" in spelled
+    False
+  """
+  words = item_words(names)
+  if not words:
+    return {}
+  alternatives = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+  item = re.compile(rf"(?:^|(?<=[./]))({alternatives})\.(\d+)(?=[./]|$)")
+  out = {}
+  for k in keys:
+    if m := item.search(k):
+      # below the item, a number is a module's place, as it was (diffusers' ``to_out.0``)
+      out[k] = k[: m.start()] + _PLACE.sub(r"\1_\2", k[m.start() :])
+  return out
+
+
+_PLACE = re.compile(r"(?:^|(?<=[./]))([A-Za-z][A-Za-z0-9_]*)\.(\d+)(?=[./]|$)")
 
 
 def in_lists(folded: dict[str, Concepts]) -> dict[str, Concepts]:

@@ -352,7 +352,10 @@ def _read_checkpoint(
       f"match: config must be a mapping (a parsed config.json), got {type(config).__name__}"
     )
   noise = evidence.model_prefix(keys)
-  folded = numbering.in_lists({k: concepts(k, noise) for k in keys})
+  spelled = numbering.spelled_as_target(keys, [s.name for s in slots])
+  folded = {k: concepts(k, noise) for k in keys}
+  folded.update({k: dataclasses.replace(concepts(s, noise), name=k) for k, s in spelled.items()})
+  folded = numbering.in_lists(folded)
   shapes = {k: source_lib.metadata_of(source, k).shape for k in keys}
   targets = [(s.name, tuple(s.shape)) for s in slots]
   folded, numbered = numbering.across_stages(folded, shapes, targets)

@@ -514,7 +514,9 @@ class Concepts:
 def same_path(target: str, key: str) -> bool:
   """Whether a target leaf and a checkpoint key are one path: the same components in order
   (the key may have one leading component more, its model's prefix: ``model.``,
-  ``segformer.``), the last read as its kind (``kernel``, ``scale`` and ``weight`` alike).
+  ``segformer.``), the last read as its kind (``kernel``, ``scale`` and ``weight`` alike), and
+  a list's item numbered either way (linen's ``resnets_0`` for a list attribute is
+  ``resnets.0``).
 
   Examples:
     >>> same_path("encoder/block/0/1/layer_norm_1/scale", "encoder.block.0.1.layer_norm_1.weight")
@@ -523,14 +525,20 @@ def same_path(target: str, key: str) -> bool:
     True
     >>> same_path("encoder/block/0/1/layer_norm_1/scale", "encoder.block.0.1.layer_norm_2.weight")
     False
+    >>> same_path("mid_block/resnets_1/norm1/scale", "decoder.mid_block.resnets.1.norm1.weight")
+    True
   """
   t, k = _path(target), _path(key)
   return len(t) >= 2 and len(k) - len(t) in (0, 1) and k[len(k) - len(t) :] == t
 
 
 def _path(name: str) -> tuple[str, ...]:
-  parts = [p.lower() for p in re.split(r"[./]", name.strip("./")) if p]
+  parts = [p.lower() for p in _ITEM_OR_SEPARATOR.split(name.strip("./")) if p]
   return (*parts[:-1], _KIND_WORDS.get(parts[-1], parts[-1])) if parts else ()
+
+
+# a separator, or the "_" before a component's last number (``resnets_0``: item 0 of resnets)
+_ITEM_OR_SEPARATOR = re.compile(r"[./]|_(?=\d+(?:[./]|$))")
 
 
 # a leaf's last component, as its kind: flax, haiku and torch name one parameter three ways
