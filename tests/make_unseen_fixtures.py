@@ -3,12 +3,12 @@
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
-Mamba and a diffusion VAE (diffusers' ``AutoencoderKL``), each randomly initialised at toy size
-and saved as ``save_pretrained`` writes it (``model.safetensors`` or, for diffusers,
-``diffusion_pytorch_model.safetensors``; ``config.json``). ``tests/test_match_unseen.py`` writes targets for
-them in the styles JAX code is written in (flax auto-names, big_vision, timm sequentials,
-haiku, equinox, stacked layers) and checks every restored leaf against a conversion written
-out by hand.
+Mamba, and a diffusion VAE and UNet (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``),
+each randomly initialised at toy size and saved as ``save_pretrained`` writes it
+(``model.safetensors``, or diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
+``tests/test_match_unseen.py`` writes targets for them in the styles JAX code is written in
+(flax auto-names, big_vision, timm sequentials, haiku, equinox, stacked layers, linen list
+attributes) and checks every restored leaf against a conversion written out by hand.
 
 The test suite needs none of torch, transformers or diffusers. To regenerate::
 
@@ -224,7 +224,28 @@ def _vae() -> torch.nn.Module:
   )
 
 
+def _unet() -> torch.nn.Module:
+  """A Stable Diffusion UNet as diffusers saves it: resnets with a time projection,
+  transformer blocks with self- and cross-attention (``attn1``, ``attn2``: square ``to_q``,
+  ``to_out.0``), a GEGLU feed-forward (``ff.net.0.proj``), two attention items in one up block."""
+  import diffusers
+
+  return diffusers.UNet2DConditionModel(
+    sample_size=8,
+    in_channels=4,
+    out_channels=4,
+    block_out_channels=(8, 16),
+    layers_per_block=1,
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    cross_attention_dim=12,
+    attention_head_dim=2,
+    norm_num_groups=4,
+  )
+
+
 CASES["vae"] = _vae
+CASES["unet"] = _unet
 
 
 def _randomize(model: torch.nn.Module) -> None:

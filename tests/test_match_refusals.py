@@ -614,3 +614,51 @@ def test_a_leaf_only_a_rearrangement_fits_names_the_tensor_of_as_many_values():
   text = str(info.value)
   assert "'model.layers.0.self_attn.q_proj.weight' (32, 32) has as many values" in text
   assert "a new head" not in text
+
+
+# --- two items of a list, named alike but for their numbers (decide._same_place) ----------------
+
+
+def _items(prefix=""):
+  r = np.random.default_rng(5)
+  return {
+    f"{prefix}up.1.attns.{j}.attn1.to_{n}.weight": r.standard_normal((4, 4)).astype(np.float32)
+    for j in (0, 1)
+    for n in "qk"
+  }
+
+
+@pytest.mark.parametrize("prefix", ["", "unet."])
+def test_an_item_takes_the_tensors_under_its_own_modules(prefix):
+  """``up_1/attns_0/attn1/query`` is named like the ``to_q`` of both items: the one under the
+  leaf's own modules (``up.1.attns.0``) is its tensor, the checkpoint's model prefix aside."""
+  tensors = _items(prefix)
+  target = {
+    "up_1": {
+      f"attns_{j}": {"attn1": {n: {"kernel": _sds((4, 4))} for n in ("query", "key")}}
+      for j in (0, 1)
+    },
+    "conv": {"kernel": _sds((3, 3, 2, 4))},  # stored [out, in, h, w]: orients the square ones
+  }
+  tensors["conv.weight"] = np.ones((4, 2, 3, 3), np.float32)
+  src = MemorySource(tensors)
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  for j in (0, 1):
+    for n in ("query", "key"):
+      want = tensors[f"{prefix}up.1.attns.{j}.attn1.to_{n[0]}.weight"].T
+      np.testing.assert_array_equal(
+        np.asarray(got["up_1"][f"attns_{j}"]["attn1"][n]["kernel"]), want
+      )
+
+
+def test_tensors_under_the_same_modules_alike_are_still_asked():
+  """Two norms of one item named as nothing tells apart: the modules they share with the leaf
+  are the same for both, so that says nothing and both are asked."""
+  src = MemorySource({f"enc.items.0.ln_{j}.weight": np.ones(4, np.float32) for j in (1, 2)})
+  target = {"enc": {"items_0": {n: {"scale": _sds((4,))} for n in ("norm_a", "norm_b")}}}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, src)
+  assert len(info.value.problems) == 2
+  alone = {"enc": {"items_0": {"norm_a": {"scale": _sds((4,))}}}}  # no rival leaf to clash with
+  with pytest.raises(prj.MatchError, match="ambiguous"):
+    prj.match(alone, src)

@@ -1480,9 +1480,52 @@ def vae_nnx():
   return "vae", _vae_tree(ld("vae"), lists=True)
 
 
+def _diffusers_flax(c, lists):
+  """A diffusers checkpoint as its flax port named it: ``to_q``/``to_k``/``to_v``/``to_out.0``
+  are ``query``/``key``/``value``/``proj_attn``; a list's items ``resnets_0`` (linen list
+  attributes) or ``resnets/0`` (``lists``: NNX); conv kernels ``[h, w, in, out]``, dense
+  kernels ``[in, out]``, norms ``scale``/``bias``."""
+  renames = {"to_q": "query", "to_k": "key", "to_v": "value"}
+  tree: dict = {}
+  for key, value in c.items():
+    *modules, kind = key.replace(".to_out.0.", ".proj_attn.").split(".")
+    path: list[str] = []
+    for m in modules:
+      if m.isdigit() and not lists:
+        path[-1] = f"{path[-1]}_{m}"
+      else:
+        path.append(renames.get(m, m))
+    if value.ndim == 4:
+      leaf, value = "kernel", conv2(value)
+    elif value.ndim == 2:
+      leaf, value = "kernel", T(value)
+    else:
+      leaf = "bias" if kind == "bias" else "scale"
+    node = tree
+    for m in path:
+      node = node.setdefault(m, {})
+    node[leaf] = value
+  return tree
+
+
+def unet_flax_linen():
+  """A Stable Diffusion UNet as diffusers' flax port set it up: ``up_blocks_1/attentions_1/
+  transformer_blocks_0/attn2/query``, ``ff/net_0/proj`` (GEGLU kept fused), ``time_embedding/
+  linear_1``; one up block holds two attention items alike but for their numbers."""
+  return "unet", _diffusers_flax(ld("unet"), lists=False)
+
+
+def unet_nnx():
+  """The UNet in NNX: lists of items (``up_blocks/1/attentions/1``); the feed-forward's
+  ``net`` keeps its parameterless GELU's place (``net/0``, ``net/2``)."""
+  return "unet", _diffusers_flax(ld("unet"), lists=True)
+
+
 MAPPED = {
   f.__name__: f
   for f in (
+    unet_flax_linen,
+    unet_nnx,
     vae_flax_linen,
     vae_nnx,
     convnext_timm,
@@ -1554,6 +1597,8 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 
 # the cases that map without their config.json too (what names and shapes alone say)
 WITHOUT_CONFIG = (
+  "unet_flax_linen",
+  "unet_nnx",
   "vae_flax_linen",
   "vae_nnx",
   "deepseek_maxtext",

@@ -27,6 +27,7 @@ from paramreg_jax._src.match.proposal import Proposal
 from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.match.vocabulary import same_path
+from paramreg_jax._src.match.vocabulary import shared_modules
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
@@ -106,8 +107,11 @@ def _best(
       continue
     rivals = [c for c in cands[1:] if c.score == cands[0].score]
     same = _same_path(slot.name, cands[: len(rivals) + 1]) if rivals else None
+    place = _same_place(slot.name, cands[: len(rivals) + 1]) if rivals and not same else None
     if same is not None:  # names alike, one of them the leaf's own path: that one
       picked[slot.name] = dataclasses.replace(same, reason=f"{same.reason}, the same path")
+    elif place is not None:  # names alike, one of them under the leaf's own modules
+      picked[slot.name] = place
     elif rivals:
       open_[slot.name] = every  # the equal best first, then everything else that fits
     else:
@@ -135,6 +139,21 @@ def _same_path(name: str, top: list[Candidate]) -> Candidate | None:
   ``layer_norm_2``: one concept, two tensors), in one layout; None if none or more."""
   same = [c for c in top if len(c.keys) == 1 and same_path(name, c.keys[0])]
   return same[0] if len(same) == 1 else None
+
+
+def _same_place(name: str, top: list[Candidate]) -> Candidate | None:
+  """The one candidate among the equal best that is a single tensor under more of the leaf's
+  own modules than any other (``up_blocks_1/attentions_0/.../attn1/key`` takes
+  ``up_blocks.1.attentions.0...attn1.to_k``, not ``attentions.1``'s: two items of a list,
+  named alike but for their numbers), in one layout; None if none or more."""
+  depth = {id(c): shared_modules(name, c.keys[0]) for c in top if len(c.keys) == 1}
+  if not depth:
+    return None
+  best = max(depth.values())
+  at = [c for c in top if depth.get(id(c)) == best]
+  if best == 0 or len(at) != 1:
+    return None
+  return dataclasses.replace(at[0], reason=f"{at[0].reason}, under the same {best} modules")
 
 
 def _top(cands: list[Candidate]) -> list[Candidate]:

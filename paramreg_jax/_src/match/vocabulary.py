@@ -532,6 +532,29 @@ def same_path(target: str, key: str) -> bool:
   return len(t) >= 2 and len(k) - len(t) in (0, 1) and k[len(k) - len(t) :] == t
 
 
+def shared_modules(target: str, key: str) -> int:
+  """How many modules a target leaf and a checkpoint key share from the top, in order (a list's
+  item numbered either way, the key's model prefix skipped where that shares more); the
+  leaf's own module and kind are not counted.
+
+  Examples:
+    >>> shared_modules("up_1/attns_0/attn1/key/kernel", "up.1.attns.0.attn1.to_k.weight")
+    5
+    >>> shared_modules("up_1/attns_0/attn1/key/kernel", "up.1.attns.1.attn1.to_k.weight")
+    3
+  """
+  t = _path(target)[:-2]
+  k = _path(key)[:-1]
+
+  def common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+      n += 1
+    return n
+
+  return max(common(t, k), common(t, k[1:]))
+
+
 def _path(name: str) -> tuple[str, ...]:
   parts = [p.lower() for p in _ITEM_OR_SEPARATOR.split(name.strip("./")) if p]
   return (*parts[:-1], _KIND_WORDS.get(parts[-1], parts[-1])) if parts else ()
