@@ -3,9 +3,10 @@
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
-Mamba, and a diffusion VAE and UNet (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``),
-each randomly initialised at toy size and saved as ``save_pretrained`` writes it
-(``model.safetensors``, or diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
+Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), and a diffusion VAE and UNet
+(diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``), each randomly initialised at toy
+size and saved as ``save_pretrained`` writes it (``model.safetensors``, or diffusers'
+``diffusion_pytorch_model.safetensors``; ``config.json``).
 ``tests/test_match_unseen.py`` writes targets for them in the styles JAX code is written in
 (flax auto-names, big_vision, timm sequentials, haiku, equinox, stacked layers, linen list
 attributes) and checks every restored leaf against a conversion written out by hand.
@@ -201,6 +202,28 @@ CASES = {
       num_hidden_layers=2,
       num_attention_heads=4,
       partial_rotary_factor=0.5,
+    )
+  ),
+  # three towers of different architectures: a CLIP vision tower, a projector, a Llama
+  "llava": lambda: tf.LlavaForConditionalGeneration(
+    tf.LlavaConfig(
+      vision_config=tf.CLIPVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=16,
+        patch_size=8,
+      ),
+      text_config=tf.LlamaConfig(
+        vocab_size=64,
+        hidden_size=24,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+      ),
+      image_token_index=63,
     )
   ),
 }

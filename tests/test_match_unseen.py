@@ -1521,9 +1521,90 @@ def unet_nnx():
   return "unet", _diffusers_flax(ld("unet"), lists=True)
 
 
+def _llava_towers(c):
+  """LLaVA's three towers as NNX code names them: ``vision`` (a CLIP ViT: ``cls_token``,
+  ``attn/query``, ``norm1``), ``projector`` (``linear_1``, ``linear_2``), ``llm`` (a Llama:
+  ``attn/q``, ``attn_norm``), each tower's layers a list."""
+
+  def ln(p):
+    return {"scale": c[p + ".weight"], "bias": c[p + ".bias"]}
+
+  def dense(p, bias=True):
+    return {"kernel": T(c[p + ".weight"])} | ({"bias": c[p + ".bias"]} if bias else {})
+
+  v, lm = "vision_tower.", "language_model.model."
+  vision = {
+    "cls_token": c[v + "embeddings.class_embedding"],
+    "patch_embed": {"kernel": conv2(c[v + "embeddings.patch_embedding.weight"])},
+    "pos_embed": {"embedding": c[v + "embeddings.position_embedding.weight"]},
+    "pre_norm": ln(v + "pre_layrnorm"),
+    "layers": [],
+    "post_norm": ln(v + "post_layernorm"),
+  }
+  llm = {"embed": {"embedding": c[lm + "embed_tokens.weight"]}, "layers": []}
+  for i in range(2):
+    p = f"{v}encoder.layers.{i}."
+    names = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
+    vision["layers"].append(
+      {
+        "attn": {n: dense(p + f"self_attn.{m}") for n, m in names.items()},
+        "norm1": ln(p + "layer_norm1"),
+        "norm2": ln(p + "layer_norm2"),
+        "mlp": {"fc1": dense(p + "mlp.fc1"), "fc2": dense(p + "mlp.fc2")},
+      }
+    )
+    p = f"{lm}layers.{i}."
+    llm["layers"].append(
+      {
+        "attn": {n: dense(p + f"self_attn.{n}_proj", False) for n in "qkvo"},
+        "mlp": {n: dense(p + f"mlp.{n}_proj", False) for n in ("gate", "up", "down")},
+        "attn_norm": {"scale": c[p + "input_layernorm.weight"]},
+        "mlp_norm": {"scale": c[p + "post_attention_layernorm.weight"]},
+      }
+    )
+  llm["norm"] = {"scale": c[lm + "norm.weight"]}
+  projector = {n: dense(f"multi_modal_projector.{n}") for n in ("linear_1", "linear_2")}
+  lm_head = {"kernel": T(c["language_model.lm_head.weight"])}
+  return {"vision": vision, "projector": projector, "llm": llm, "lm_head": lm_head}
+
+
+def llava_nnx():
+  """LLaVA in NNX: a CLIP vision tower and a Llama of other widths, and the projector between
+  them; every layer of both towers alike within its tower."""
+  return "llava", _llava_towers(ld("llava"))
+
+
+def llava_scanned():
+  """:func:`llava_nnx` with each tower's layers under ``nnx.scan`` (``vision/layers`` and
+  ``llm/layers`` stacked)."""
+  tree = _llava_towers(ld("llava"))
+  for tower in ("vision", "llm"):
+    layers = tree[tower]["layers"]
+    tree[tower]["layers"] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *layers)
+  return "llava", tree
+
+
+def llava_flax_auto():
+  """:func:`llava_nnx` with each tower a flax module auto-named for its class
+  (``VisionTransformer_0/EncoderBlock_1``, ``LlamaModel_0/DecoderLayer_0``): a class named
+  for its tower is that tower (``cls_token`` alone is too unlike ``class_embedding``)."""
+  tree = _llava_towers(ld("llava"))
+  for tower, cls, block in (
+    ("vision", "VisionTransformer_0", "EncoderBlock"),
+    ("llm", "LlamaModel_0", "DecoderLayer"),
+  ):
+    t = tree.pop(tower)
+    tree[cls] = {k: v for k, v in t.items() if k != "layers"}
+    tree[cls] |= {f"{block}_{i}": layer for i, layer in enumerate(t["layers"])}
+  return "llava", tree
+
+
 MAPPED = {
   f.__name__: f
   for f in (
+    llava_nnx,
+    llava_scanned,
+    llava_flax_auto,
     unet_flax_linen,
     unet_nnx,
     vae_flax_linen,
@@ -1597,6 +1678,9 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 
 # the cases that map without their config.json too (what names and shapes alone say)
 WITHOUT_CONFIG = (
+  "llava_nnx",
+  "llava_scanned",
+  "llava_flax_auto",
   "unet_flax_linen",
   "unet_nnx",
   "vae_flax_linen",

@@ -464,7 +464,13 @@ def _placed(word: str) -> tuple[str, ...]:
     return _WORDS[word]
   if m := _PLACED.match(word):
     return (*_WORDS.get(m.group(1), (m.group(1),)), f"#{int(m.group(2))}")
+  if m := _TOWER_CLASS.match(word):  # flax's VisionTransformer_0: the vision tower's module
+    return (_WORDS.get(m.group(1), (m.group(1),))[0], m.group(2))
   return (word,)
+
+
+# a module class named for the tower it is (``VisionTransformer``, ``TextEncoder``), lower case
+_TOWER_CLASS = re.compile(r"^(vision|visual|text|audio|image|speech)([a-z]{3,})$")
 
 
 def as_layernorm(name: str) -> str:
