@@ -458,6 +458,34 @@ MUTATIONS = (
     "if not is_linear(sc, sshape) or sc.similarity(tc) < 0.75:",
     ("tests/test_match_unseen.py", "-k", "open_clip"),
   ),
+  Mutation(
+    "a linen list attribute's items read apart from the checkpoint's",
+    "paramreg_jax/_src/match/numbering.py",
+    "  words = item_words(names)\n  if not words:\n",
+    "  words = item_words(names)\n  if True:\n",
+    ("tests/test_match_unseen.py", "-k", "vae_flax_linen or unet_flax_linen"),
+  ),
+  Mutation(
+    "a square 1x1 conv also read as a reshape",
+    "paramreg_jax/_src/match/candidates.py",
+    "_reshapes(src, dst) and not out:",
+    "_reshapes(src, dst):",
+    ("tests/test_match_layouts.py", "-k", "1x1"),
+  ),
+  Mutation(
+    "a conv outvotes the linear weights' shapes",
+    "paramreg_jax/_src/match/axes.py",
+    "  if not ck.facts.convention and not any(votes[True].values()):\n    votes[True] = convs\n",
+    "  votes[True] = {r: votes[True][r] + convs[r] for r in convs}\n",
+    ("tests/test_match_layouts.py", "-k", "outvote"),
+  ),
+  Mutation(
+    "tied tensors picked though as many share the leaf's modules",
+    "paramreg_jax/_src/match/decide.py",
+    "  if best == 0 or len(at) != 1:\n",
+    "  if best == 0:\n",
+    ("tests/test_match_refusals.py", "-k", "still_asked"),
+  ),
 )
 
 
