@@ -216,7 +216,7 @@ MUTATIONS = (
   Mutation(
     "closure: none outside the layers (a stem's norm is asked)",
     "paramreg_jax/_src/match/closure.py",
-    "    out.update(_close_container(container, names, open_, decided, ck, used))\n",
+    "    out.update(_close_container(container, names, open_, decided, used, outside))\n",
     "    pass\n",
     ("tests/test_match_closure.py", "-k", "outside_the_layers"),
   ),
@@ -464,6 +464,20 @@ MUTATIONS = (
     "  words = item_words(names)\n  if not words:\n",
     "  words = item_words(names)\n  if True:\n",
     ("tests/test_match_unseen.py", "-k", "vae_flax_linen or unet_flax_linen"),
+  ),
+  Mutation(
+    "a linear inside an embedder read as a lookup table",
+    "paramreg_jax/_src/match/evidence.py",
+    '  return "embed" not in c.tokens or not vocabulary.names_a_table(c.name)',
+    '  return "embed" not in c.tokens',
+    ("tests/test_match_layouts.py", "-k", "inside_an_embedder"),
+  ),
+  Mutation(
+    "no closure inside a module of a layer (attn1 beside attn2)",
+    "paramreg_jax/_src/match/closure.py",
+    "  out.update(_modules_in_layers(members, open_, decided, ck, hinted, used, out))\n",
+    "",
+    ("tests/test_match_unseen.py", "-k", "pixart"),
   ),
   Mutation(
     "a square 1x1 conv also read as a reshape",

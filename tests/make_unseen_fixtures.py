@@ -3,10 +3,10 @@
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
-Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), and a diffusion VAE and UNet
-(diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``), each randomly initialised at toy
-size and saved as ``save_pretrained`` writes it (``model.safetensors``, or diffusers'
-``diffusion_pytorch_model.safetensors``; ``config.json``).
+Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), and a diffusion VAE, UNet and
+transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
+initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
+diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
 ``tests/test_match_unseen.py`` writes targets for them in the styles JAX code is written in
 (flax auto-names, big_vision, timm sequentials, haiku, equinox, stacked layers, linen list
 attributes) and checks every restored leaf against a conversion written out by hand.
@@ -267,7 +267,29 @@ def _unet() -> torch.nn.Module:
   )
 
 
+def _pixart() -> torch.nn.Module:
+  """A diffusion transformer as diffusers saves PixArt-alpha: blocks with self- and
+  cross-attention of one width (every projection square), a bare ``scale_shift_table`` per
+  block, and square linear layers inside an embedder (``timestep_embedder.linear_2``)."""
+  import diffusers
+
+  return diffusers.PixArtTransformer2DModel(
+    num_attention_heads=2,
+    attention_head_dim=8,
+    in_channels=4,
+    out_channels=8,
+    num_layers=2,
+    cross_attention_dim=16,
+    norm_num_groups=4,
+    sample_size=8,
+    patch_size=2,
+    caption_channels=12,
+    interpolation_scale=1,
+  )
+
+
 CASES["vae"] = _vae
+CASES["pixart"] = _pixart
 CASES["unet"] = _unet
 
 

@@ -881,3 +881,29 @@ def test_a_1x1_conv_is_the_conv_layout_not_a_reshape():
   }
   got = prj.restore(target, src, recipes=prj.match(target, src))
   np.testing.assert_array_equal(np.asarray(got["quant_conv"]["kernel"]), w.transpose(2, 3, 1, 0))
+
+
+def test_a_square_linear_inside_an_embedder_is_oriented_like_any_linear():
+  """``time_embedder/linear_2`` is a linear layer of the time embedding, not a lookup table:
+  its square kernel is transposed like the rest (read as a table, it loaded as stored, a
+  wrong weight with no error)."""
+  r = np.random.default_rng(6)
+  w1 = r.standard_normal((16, 8)).astype(np.float32)  # [out, in]: says the checkpoint's layout
+  w2 = r.standard_normal((16, 16)).astype(np.float32)
+  table = r.standard_normal((10, 16)).astype(np.float32)
+  src = prj.MemorySource(
+    {
+      "emb.time_embedder.linear_1.weight": w1,
+      "emb.time_embedder.linear_2.weight": w2,
+      "emb.embed_tokens.weight": table,
+    }
+  )
+  target = {
+    "emb": {
+      "time_embedder": {f"linear_{j}": {"kernel": _sds(w.T.shape)} for j, w in ((1, w1), (2, w2))},
+      "embed_tokens": {"embedding": _sds(table.shape)},
+    }
+  }
+  got = prj.restore(target, src, recipes=prj.match(target, src))
+  np.testing.assert_array_equal(np.asarray(got["emb"]["time_embedder"]["linear_2"]["kernel"]), w2.T)
+  np.testing.assert_array_equal(np.asarray(got["emb"]["embed_tokens"]["embedding"]), table)

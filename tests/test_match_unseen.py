@@ -1501,10 +1501,12 @@ def _diffusers_flax(c, lists):
       leaf, value = "kernel", T(value)
     else:
       leaf = "bias" if kind == "bias" else "scale"
+    if kind not in ("weight", "bias"):  # a bare parameter (scale_shift_table): as stored
+      path, leaf, value = [*path, kind], None, c[key]
     node = tree
-    for m in path:
+    for m in path[:-1] if leaf is None else path:
       node = node.setdefault(m, {})
-    node[leaf] = value
+    node[path[-1] if leaf is None else leaf] = value
   return tree
 
 
@@ -1599,9 +1601,24 @@ def llava_flax_auto():
   return "llava", tree
 
 
+def pixart_flax_linen():
+  """PixArt-alpha (a diffusion transformer) in linen names: ``transformer_blocks_0/attn1`` and
+  ``attn2`` of one width (every projection square: each attention's output projection is the
+  tensor left in its own module, not in the block), a bare ``scale_shift_table``, and
+  ``adaln_single/emb/timestep_embedder/linear_2`` a square linear inside an embedder."""
+  return "pixart", _diffusers_flax(ld("pixart"), lists=False)
+
+
+def pixart_nnx():
+  """PixArt-alpha in NNX lists (``transformer_blocks/0``)."""
+  return "pixart", _diffusers_flax(ld("pixart"), lists=True)
+
+
 MAPPED = {
   f.__name__: f
   for f in (
+    pixart_flax_linen,
+    pixart_nnx,
     llava_nnx,
     llava_scanned,
     llava_flax_auto,
@@ -1678,6 +1695,8 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 
 # the cases that map without their config.json too (what names and shapes alone say)
 WITHOUT_CONFIG = (
+  "pixart_flax_linen",
+  "pixart_nnx",
   "llava_nnx",
   "llava_scanned",
   "llava_flax_auto",

@@ -85,13 +85,15 @@ def settle(
     left = [n for n in names if n not in decided]
     free = [k for k in ck.by_layer.get(block, ()) if k not in used]
     out.update(_close(left, free, open_, f"the last tensor of layer {block} that fits it"))
+  out.update(_modules_in_layers(members, open_, decided, ck, hinted, used, out))
   for names, depth in stacked:
     out.update(_close_stack(names, open_, decided, ck, used, depth))
   # outside the layers: the container each open leaf sits in, as a module of its own, then
   # as a stacked block
   containers = _containers(open_, decided, blocks, frozenset(hinted_leaves))
+  outside = [k for k in ck.shapes if not ck.concepts[k].indices]
   for container, names in containers:
-    out.update(_close_container(container, names, open_, decided, ck, used))
+    out.update(_close_container(container, names, open_, decided, used, outside))
   for _, names in containers:
     out.update(_close_stack(names, open_, decided, ck, used))
   return out
@@ -218,18 +220,49 @@ def _stack_edges(
   return out
 
 
+def _modules_in_layers(
+  members: Mapping[Block, list[str]],
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  ck: Checkpoint,
+  hinted: Collection[Block],
+  used: set[str],
+  closed: Mapping[str, tuple[Candidate, str]],
+) -> dict[str, tuple[Candidate, str]]:
+  """Closure inside a module of a layer, where the layer as a whole left leaves open: two
+  attentions of one layer (``attn1``, ``attn2``) each with its output projection left, and
+  two such tensors left in the layer. Each module holding decided leaves aligns with the
+  checkpoint module their tensors share; its leaves left take its tensors left."""
+  out: dict[str, tuple[Candidate, str]] = {}
+  taken = used | {k for c, _ in closed.values() for k in c.keys}
+  for block, names in members.items():
+    left = [n for n in names if n not in decided and n not in closed]
+    if block in hinted or not left:
+      continue
+    pool = list(ck.by_layer.get(block, ()))
+    seen: set[str] = set()
+    for name in left:
+      container = name.rsplit("/", 2)[0]
+      inside = [n for n in names if n.startswith(container + "/")]
+      if container in seen:
+        continue
+      seen.add(container)
+      out.update(_close_container(container, inside, open_, decided, taken, pool))
+  return out
+
+
 def _close_container(
   container: str,
   members: list[str],
   open_: Mapping[str, list[Candidate]],
   decided: Mapping[str, tuple[str, ...]],
-  ck: Checkpoint,
   used: set[str],
+  pool: list[str],
 ) -> dict[str, tuple[Candidate, str]]:
-  """Closure inside a module outside the layers (a stem, the embeddings): a container that
-  holds decided leaves aligns with the checkpoint module their tensors share (``stem`` with
-  ``embeddings`` when ``stem/0`` is ``embeddings.patch_embeddings``); its leaves left take its
-  tensors left as in a layer."""
+  """Closure inside a module (a stem, the embeddings, one attention of a layer): a
+  container that holds decided leaves aligns with the checkpoint module their tensors share
+  (``stem`` with ``embeddings`` when ``stem/0`` is ``embeddings.patch_embeddings``); its
+  leaves left take its tensors left (of ``pool``) as in a layer."""
   parents = [
     coherence.checkpoint_module(k).split(".")[:-1]
     for n in members
@@ -240,11 +273,7 @@ def _close_container(
   if not where:
     return {}
   left = [n for n in members if n not in decided]
-  free = [
-    k
-    for k in ck.shapes
-    if k.startswith(where + ".") and k not in used and not ck.concepts[k].indices
-  ]
+  free = [k for k in pool if k.startswith(where + ".") and k not in used]
   return _close(left, free, open_, f"the last tensor of {where} that fits it")
 
 

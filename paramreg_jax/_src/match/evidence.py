@@ -478,4 +478,8 @@ def linear_target(c: Concepts, shape: tuple[int, ...]) -> bool:
   (A target's name is the user's: ``mlp/x`` may well be a kernel, so no bare rule here; a
   stored ``A_log`` is not linear, and that is what orientation asks.)"""
   # a depthwise conv stored 2-D (Mamba's ``ssm_conv1d`` [channels, kernel]) multiplies nothing
-  return c.kind == "w" and len(shape) == 2 and not c.tokens & {"embed", "norm", "relpos", "conv1d"}
+  if c.kind != "w" or len(shape) != 2 or c.tokens & {"norm", "relpos", "conv1d"}:
+    return False
+  # a table is named so by its own module: a linear layer inside an embedder (DiT's
+  # ``t_embedder.mlp.2``, PixArt's ``timestep_embedder.linear_2``) multiplies
+  return "embed" not in c.tokens or not vocabulary.names_a_table(c.name)

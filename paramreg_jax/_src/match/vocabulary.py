@@ -237,6 +237,27 @@ def components(name: str) -> list[str]:
   return _SEPARATORS.split(name)
 
 
+def names_a_table(name: str) -> bool:
+  """Whether a name's own module (or its leaf, flax's ``embedding``) is a lookup table: ``embed``
+  in the module that holds the weight, not in a module around it (``time_embedder/linear_2``
+  is a linear layer of the time embedding, ``embed_tokens`` a table).
+
+  Examples:
+    >>> names_a_table("model.embed_tokens.weight"), names_a_table("tokens/embedding")
+    (True, True)
+    >>> names_a_table("adaln_single.emb.timestep_embedder.linear_2.weight")
+    False
+  """
+  parts = [p.lower() for p in components(name) if p]
+  if not parts:
+    return False
+  last = parts[-1]
+  if last in ("embedding", "embeddings"):  # flax's and haiku's Embed
+    return True
+  own = parts[-2] if last in _KIND_WORDS and len(parts) > 1 else last
+  return own != "#" and "embed" in _fold((own,), False)[0]
+
+
 # a sequential of the model's own, outside its layers: ``stem/0`` is the stem's first module,
 # ``classifier.1`` the head's second, not layer 0 or 1
 _SEQUENTIALS = frozenset({"stem", "head", "classifier", "downsample", "neck", "pooler"})
