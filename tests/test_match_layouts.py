@@ -632,6 +632,8 @@ def test_a_square_shared_expert_is_a_linear_weight_not_an_embedding():
   }
   _assert_restores(expect, ck, prj.match(_target(expect), MemorySource(ck)))
   assert concepts("shared.weight").tokens == concepts("embed_tokens.weight").tokens
+  # no embedding's word either (a table's own module is asked too, but its words stay apart)
+  assert "embed" not in concepts("model.layers.0.mlp.shared_experts.down_proj.weight").tokens
 
 
 def test_the_table_says_which_layers_each_stack_holds():
