@@ -229,12 +229,17 @@ CASES = {
 }
 
 
-def _vae() -> torch.nn.Module:
-  """A diffusion VAE as diffusers saves it (``diffusion_pytorch_model.safetensors``): convs,
-  group norms, and one attention block in each tower whose weights are all square."""
+def _diffusers(cls: str, **config) -> torch.nn.Module:
+  """A diffusers model, saved as diffusers saves it (``diffusion_pytorch_model.safetensors``)."""
   import diffusers  # only here: the other fixtures need transformers alone
 
-  return diffusers.AutoencoderKL(
+  return getattr(diffusers, cls)(**config)
+
+
+CASES |= {
+  # convs, group norms, and one attention block in each tower whose weights are all square
+  "vae": lambda: _diffusers(
+    "AutoencoderKL",
     in_channels=3,
     out_channels=3,
     down_block_types=("DownEncoderBlock2D",) * 2,
@@ -244,16 +249,12 @@ def _vae() -> torch.nn.Module:
     latent_channels=4,
     norm_num_groups=4,
     sample_size=16,
-  )
-
-
-def _unet() -> torch.nn.Module:
-  """A Stable Diffusion UNet as diffusers saves it: resnets with a time projection,
-  transformer blocks with self- and cross-attention (``attn1``, ``attn2``: square ``to_q``,
-  ``to_out.0``), a GEGLU feed-forward (``ff.net.0.proj``), two attention items in one up block."""
-  import diffusers
-
-  return diffusers.UNet2DConditionModel(
+  ),
+  # Stable Diffusion's: resnets with a time projection, transformer blocks with self- and
+  # cross-attention (attn1, attn2: square to_q, to_out.0), a GEGLU feed-forward
+  # (ff.net.0.proj), two attention items in one up block
+  "unet": lambda: _diffusers(
+    "UNet2DConditionModel",
     sample_size=8,
     in_channels=4,
     out_channels=4,
@@ -264,16 +265,12 @@ def _unet() -> torch.nn.Module:
     cross_attention_dim=12,
     attention_head_dim=2,
     norm_num_groups=4,
-  )
-
-
-def _pixart() -> torch.nn.Module:
-  """A diffusion transformer as diffusers saves PixArt-alpha: blocks with self- and
-  cross-attention of one width (every projection square), a bare ``scale_shift_table`` per
-  block, and square linear layers inside an embedder (``timestep_embedder.linear_2``)."""
-  import diffusers
-
-  return diffusers.PixArtTransformer2DModel(
+  ),
+  # PixArt-alpha: blocks with self- and cross-attention of one width (every projection
+  # square), a bare scale_shift_table per block, and square linear layers inside an embedder
+  # (timestep_embedder.linear_2)
+  "pixart": lambda: _diffusers(
+    "PixArtTransformer2DModel",
     num_attention_heads=2,
     attention_head_dim=8,
     in_channels=4,
@@ -285,12 +282,8 @@ def _pixart() -> torch.nn.Module:
     patch_size=2,
     caption_channels=12,
     interpolation_scale=1,
-  )
-
-
-CASES["vae"] = _vae
-CASES["pixart"] = _pixart
-CASES["unet"] = _unet
+  ),
+}
 
 
 def _randomize(model: torch.nn.Module) -> None:

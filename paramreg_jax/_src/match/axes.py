@@ -50,9 +50,9 @@ def linear_convention(
   and haiku's ``kernel``/``w``): ``"t"`` (PyTorch ``[out, in]``) or ``"same"`` (``Conv1D``);
   the config says it for a Hugging Face checkpoint, and those leaves' non-square shapes
   (compared with the tensors of the same name) say it too (``by``: ``"config"``,
-  ``"shapes"``), else its conv kernels' (:func:`_conv_votes`). ``other`` is the relation the rest of the target's non-square weights show
-  (a leaf named ``weight`` or ``wq`` may be ``[out, in]``: equinox's is), which no config can
-  say. ``problem`` if either's evidence disagrees. Only the parameters still undecided vote:
+  ``"shapes"``), else its conv kernels' (:func:`_conv_votes`). ``other`` is the relation the
+  rest of the target's non-square weights show (a leaf named ``weight`` or ``wq`` may be
+  ``[out, in]``: equinox's is), which no config can say. ``problem`` if either's evidence disagrees. Only the parameters still undecided vote:
   a hinted one (``hinted``) is the user's to lay out.
   """
   votes: dict[bool, dict[str, list[str]]] = {g: {"t": [], "same": []} for g in (True, False)}

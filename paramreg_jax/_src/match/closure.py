@@ -50,6 +50,7 @@ from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.stacks import nested_stack
+from paramreg_jax._src.match.vocabulary import common_start
 
 Block = tuple[int, ...]
 
@@ -243,10 +244,10 @@ def _modules_in_layers(
     seen: set[str] = set()
     for name in left:
       container = name.rsplit("/", 2)[0]
-      inside = [n for n in names if n.startswith(container + "/")]
       if container in seen:
         continue
       seen.add(container)
+      inside = [n for n in names if n.startswith(container + "/")]
       out.update(_close_container(container, inside, open_, decided, taken, pool))
   return out
 
@@ -269,7 +270,7 @@ def _close_container(
     if n in decided
     for k in decided[n]
   ]
-  where = ".".join(_common(parents))
+  where = ".".join(common_start(parents))
   if not where:
     return {}
   left = [n for n in members if n not in decided]
@@ -286,16 +287,6 @@ def _close(
     return {}
   edges = {n: _edges(open_[n], free) for n in left}
   return {n: (c, why) for n, c in _forced(edges).items()}
-
-
-def _common(paths: list[list[str]]) -> list[str]:
-  """The leading components every path shares."""
-  out: list[str] = []
-  for parts in zip(*paths):
-    if len(set(parts)) != 1:
-      break
-    out.append(parts[0])
-  return out
 
 
 def _edges(cands: list[Candidate], free: list[str]) -> dict[str, list[Candidate]]:

@@ -146,11 +146,9 @@ def _same_place(name: str, top: list[Candidate]) -> Candidate | None:
   own modules than any other (``up_blocks_1/attentions_0/.../attn1/key`` takes
   ``up_blocks.1.attentions.0...attn1.to_k``, not ``attentions.1``'s: two items of a list,
   named alike but for their numbers), in one layout; None if none or more."""
-  depth = {id(c): shared_modules(name, c.keys[0]) for c in top if len(c.keys) == 1}
-  if not depth:
-    return None
-  best = max(depth.values())
-  at = [c for c in top if depth.get(id(c)) == best]
+  depths = [(shared_modules(name, c.keys[0]), c) for c in top if len(c.keys) == 1]
+  best = max((d for d, _ in depths), default=0)
+  at = [c for d, c in depths if d == best]
   if best == 0 or len(at) != 1:
     return None
   return dataclasses.replace(at[0], reason=f"{at[0].reason}, under the same {best} modules")

@@ -353,9 +353,9 @@ def _read_checkpoint(
     )
   noise = evidence.model_prefix(keys)
   spelled = numbering.spelled_as_target(keys, [s.name for s in slots])
-  folded = {k: concepts(k, noise) for k in keys}
+  folded = {k: concepts(k, noise) for k in keys if k not in spelled}
   folded.update({k: dataclasses.replace(concepts(s, noise), name=k) for k, s in spelled.items()})
-  folded = numbering.in_lists(folded)
+  folded = numbering.in_lists({k: folded[k] for k in keys})  # in the checkpoint's order
   shapes = {k: source_lib.metadata_of(source, k).shape for k in keys}
   targets = [(s.name, tuple(s.shape)) for s in slots]
   folded, numbered = numbering.across_stages(folded, shapes, targets)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Sequence
 
 # --- names -> concepts ----------------------------------------------------------------------
 
@@ -255,7 +256,7 @@ def names_a_table(name: str) -> bool:
   if last in ("embedding", "embeddings"):  # flax's and haiku's Embed
     return True
   own = parts[-2] if last in _KIND_WORDS and len(parts) > 1 else last
-  return own != "#" and "embed" in _fold((own,), False)[0]
+  return "embed" in _fold((own,), False)[0]
 
 
 # a sequential of the model's own, outside its layers: ``stem/0`` is the stem's first module,
@@ -570,16 +571,18 @@ def shared_modules(target: str, key: str) -> int:
     >>> shared_modules("up_1/attns_0/attn1/key/kernel", "up.1.attns.1.attn1.to_k.weight")
     3
   """
-  t = _path(target)[:-2]
-  k = _path(key)[:-1]
+  t, k = _path(target)[:-2], _path(key)[:-1]
+  return max(len(common_start([t, k])), len(common_start([t, k[1:]])))
 
-  def common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-      n += 1
-    return n
 
-  return max(common(t, k), common(t, k[1:]))
+def common_start(paths: Sequence[Sequence[str]]) -> list[str]:
+  """The leading components every path shares."""
+  out: list[str] = []
+  for parts in zip(*paths):
+    if len(set(parts)) != 1:
+      break
+    out.append(parts[0])
+  return out
 
 
 def _path(name: str) -> tuple[str, ...]:
