@@ -500,6 +500,27 @@ MUTATIONS = (
     "  if best == 0:\n",
     ("tests/test_match_refusals.py", "-k", "still_asked"),
   ),
+  Mutation(
+    "the decided neighbours' subtree not used",
+    "paramreg_jax/_src/match/coherence.py",
+    "    if rivals and max(rivals) < best:\n",
+    "    if False:\n",
+    ("tests/test_match_unseen.py", "-k", "mobilenet"),
+  ),
+  Mutation(
+    "an abbreviation not read as its word",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "      if abbreviates and hi.startswith(lo) and lo not in _MEANINGS:\n",
+    "      if False:\n",
+    ("tests/test_match_unseen.py", "-k", "deit"),
+  ),
+  Mutation(
+    "a stack of one layer also offered as a reshape",
+    "paramreg_jax/_src/match/candidates.py",
+    "    out = [c for c in out if c.fused is not None or alone.get(_values(c), -1.0) < c.score]\n",
+    "    out = out + [c for c in stacked if c.fused is None and _values(c) in alone]\n",
+    ("tests/test_match_unseen.py", "-k", "vit_mae"),
+  ),
 )
 
 

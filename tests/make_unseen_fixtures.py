@@ -3,7 +3,8 @@
 Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: ConvNeXt, DINOv2,
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
-Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), and a diffusion VAE, UNet and
+Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
+Gemma 3, BLIP, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -224,6 +225,41 @@ CASES = {
         num_key_value_heads=2,
       ),
       image_token_index=63,
+    )
+  ),
+  # DeiT: a class and a distillation token of one shape, and a head for each
+  "deit": lambda: tf.DeiTForImageClassificationWithTeacher(tf.DeiTConfig(**_VISION, num_labels=5)),
+  # an MAE: an encoder and a one-layer decoder of another width
+  "vit_mae": lambda: tf.ViTMAEForPreTraining(
+    tf.ViTMAEConfig(
+      **_VISION,
+      decoder_hidden_size=24,
+      decoder_num_hidden_layers=1,
+      decoder_num_attention_heads=4,
+      decoder_intermediate_size=48,
+    )
+  ),
+  # MobileNetV2: units of a conv and a batch norm, the depthwise and expanding ones as wide
+  "mobilenet_v2": lambda: tf.MobileNetV2ForImageClassification(
+    tf.MobileNetV2Config(
+      num_channels=3, image_size=32, depth_multiplier=0.25, finegrained_output=False, num_labels=5
+    )
+  ),
+  # Gemma 3: four norms per layer and a query and a key norm
+  "gemma3": lambda: tf.Gemma3ForCausalLM(
+    tf.Gemma3TextConfig(
+      **{**_TEXT, "max_position_embeddings": 64},
+      num_key_value_heads=2,
+      head_dim=8,
+      sliding_window=8,
+    )
+  ),
+  # BLIP: a vision tower (fused qkv) and a text tower with cross-attention, three norms a layer
+  "blip": lambda: tf.BlipModel(
+    tf.BlipConfig(
+      text_config={**_TEXT, "encoder_hidden_size": 32},
+      vision_config=_VISION,
+      projection_dim=24,
     )
   ),
 }

@@ -226,12 +226,13 @@ def _stem_target():
 
 def test_a_module_outside_the_layers_closes_on_the_checkpoint_module_it_aligns_with():
   """``stem/0`` is the patch conv (its shape is the only one of its kind), so ``stem`` is
-  ``embeddings``: the norm left in it takes the norm left there, not the final norm."""
+  ``embeddings``: the norm left in it takes the norm there, not the final norm (the subtree
+  the decided ``stem/0`` aligns ``stem`` with says so before closure would)."""
   ck = _stem_like()
   target = _stem_target()
   m = prj.match(target, MemorySource(ck))
   why = {t: reason for t, _, reason in m.rows()}
-  assert "closure: the last tensor of embeddings that fits it" in why["stem/1/scale"]
+  assert "beside stem/0/" in why["stem/1/scale"]
   got = prj.restore(target, MemorySource(ck), recipes=m)
   np.testing.assert_array_equal(got["stem"][1]["scale"], ck["embeddings.layernorm.weight"])
   np.testing.assert_array_equal(got["stem"][1]["bias"], ck["embeddings.layernorm.bias"])
@@ -240,16 +241,25 @@ def test_a_module_outside_the_layers_closes_on_the_checkpoint_module_it_aligns_w
 
 
 def test_outside_the_layers_never_after_a_hint_in_the_module():
+  """Hinted leaves are the user's word about them: no anchor for the stem's alignment, and
+  closure stays out of the module (a leaf decided by its unique shape would be an anchor)."""
   ck = _stem_like()
-  hints = {"stem/0/bias": "embeddings.patch_embeddings.bias"}
+  hints = {
+    "stem/0/bias": "embeddings.patch_embeddings.bias",
+    "stem/0/kernel": "embeddings.patch_embeddings.weight",
+  }
   with pytest.raises(prj.MatchError) as e:
     prj.match(_stem_target(), MemorySource(ck), hints=hints)
   assert "stem/1/scale" in str(e.value) and "closure" not in e.value.hints_code
 
 
-def test_outside_the_layers_a_tensor_left_over_in_the_module_decides_nothing():
+def test_outside_the_layers_two_norms_left_in_the_module_decide_nothing():
+  """The stem aligns with ``embeddings``, but two norms of its width are left there: neither
+  the alignment nor closure picks one (a mask token left beside one norm would not stop
+  them: it is no bias)."""
   ck = _stem_like()
-  ck["embeddings.mask_token"] = np.ones((8,), np.float32)  # a third tensor left: no pairing
+  ck["embeddings.norm2.weight"] = np.ones((8,), np.float32)
+  ck["embeddings.norm2.bias"] = np.ones((8,), np.float32)
   with pytest.raises(prj.MatchError) as e:
     prj.match(_stem_target(), MemorySource(ck))
   assert "stem/1/scale" in str(e.value)

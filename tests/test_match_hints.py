@@ -471,6 +471,22 @@ def test_a_name_hint_whose_tensor_cannot_fit_says_both_shapes():
   )
 
 
+def test_a_kernel_named_for_the_embeddings_is_a_linear_and_a_hint_derives_its_transpose():
+  """ALBERT projects its embeddings up to the hidden width (``embedding_hidden_mapping_in``,
+  torch ``[out, in]``); a flax target calls that Dense ``embed_proj``. A ``kernel`` is a
+  Dense's (an Embed's is ``embedding``), so the hint is read as a linear and transposed
+  (it was taken for a table, whose layout a hint does not transpose, and refused)."""
+  w, b = rand(32, 16), rand(32)
+  src = MemorySource(
+    {"encoder.embedding_hidden_mapping_in.weight": w, "encoder.embedding_hidden_mapping_in.bias": b}
+  )
+  target = {"embed_proj": {"kernel": sds(16, 32), "bias": sds(32)}}
+  hints = {"embed_proj/kernel": "encoder.embedding_hidden_mapping_in.weight"}
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=hints))
+  np.testing.assert_array_equal(got["embed_proj"]["kernel"], w.T)
+  np.testing.assert_array_equal(got["embed_proj"]["bias"], b)
+
+
 def test_hints_work_under_list_indices_and_derive_the_layout():
   """A Python list of blocks (``blocks/0/...``): one ``{i}`` hint, and each tensor stored
   ``[out, in]`` arrives transposed into the ``[in, out]`` leaf."""

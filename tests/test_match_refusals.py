@@ -533,6 +533,27 @@ def test_numbered_modules_are_a_layers_own_not_layers():
   assert got["h_0/2/scale"] == "source('h.0.ln_1.weight')"
 
 
+@pytest.mark.parametrize("block", ["InvertedResidual", "Bottleneck", "ResNetBlock"])
+def test_a_residual_block_class_numbers_layers(block):
+  """flax auto-names a model's repeated blocks by their class (MobileNet's
+  ``InvertedResidual_3``, a ResNet's ``Bottleneck_2``): the number is the layer's, so each
+  block's convs take that layer's tensors (``layer.1.expand``, not ``layer.0.expand``)."""
+  ck = {
+    f"layer.{i}.{m}.weight": rng.standard_normal((c, 4, 1, 1)).astype(np.float32)
+    for i in (0, 1)
+    for m, c in (("expand", 8), ("reduce", 6))
+  }
+  target = {
+    f"{block}_{i}": {f"Conv_{j}": {"kernel": _sds((1, 1, 4, c))} for j, c in ((0, 8), (1, 6))}
+    for i in (0, 1)
+  }
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  for i in (0, 1):
+    for j, m in ((0, "expand"), (1, "reduce")):
+      want = ck[f"layer.{i}.{m}.weight"].transpose(2, 3, 1, 0)
+      np.testing.assert_array_equal(got[f"{block}_{i}"][f"Conv_{j}"]["kernel"], want)
+
+
 @pytest.mark.parametrize("stack", ["ScanDecoderLayer_0", "decoder"])
 @pytest.mark.parametrize("name", CASES)
 def test_a_stack_no_word_names_maps_with_no_hints(name, stack, tmp_path):

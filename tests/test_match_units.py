@@ -39,6 +39,7 @@ from paramreg_jax._src.match.vocabulary import concepts
       "w",
     ),
     ("model.encoder.layernorm_embedding.weight", {"encoder", "embed", "norm", "w"}, "w"),
+    ("layer.0.ffn_output.bias", {"layers", "mlp", "down", "b"}, "b"),  # ALBERT's MLP output
   ],
 )
 def test_names_fold_to_concepts(name, tokens, kind):

@@ -1614,9 +1614,242 @@ def pixart_nnx():
   return "pixart", _diffusers_flax(ld("pixart"), lists=True)
 
 
+def _stacked(layers):
+  return jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *layers)
+
+
+def _linear(c, k, heads=None, out=False):
+  """A torch linear as flax keeps it: ``[in, out]``, or with its heads split."""
+  if heads and out:
+    return {"kernel": heads_out(c[k + ".weight"], heads), "bias": c[k + ".bias"]}
+  if heads:
+    return {"kernel": heads_in(c[k + ".weight"], heads), "bias": c[k + ".bias"].reshape(heads, -1)}
+  return {"kernel": T(c[k + ".weight"]), **({"bias": c[k + ".bias"]} if k + ".bias" in c else {})}
+
+
+def _norm(c, k):
+  return {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}
+
+
+def deit_timm_nnx():
+  """DeiT as timm names it, in NNX lists: a fused ``qkv``, ``cls_token`` beside
+  ``dist_token`` (one shape: ``dist`` abbreviates the checkpoint's ``distillation``), and
+  ``head`` beside ``head_dist``; which classifier is ``head`` nothing but elimination says."""
+  c, p = ld("deit"), "deit."
+  blocks = []
+  for i in range(2):
+    q = f"{p}encoder.layer.{i}."
+    a = q + "attention.attention."
+    qkv = [_linear(c, a + n) for n in ("query", "key", "value")]
+    blocks.append(
+      {
+        "norm1": _norm(c, q + "layernorm_before"),
+        "attn": {
+          "qkv": {k: np.concatenate([x[k] for x in qkv], -1) for k in ("kernel", "bias")},
+          "proj": _linear(c, q + "attention.output.dense"),
+        },
+        "norm2": _norm(c, q + "layernorm_after"),
+        "mlp": {"fc1": _linear(c, q + "intermediate.dense"), "fc2": _linear(c, q + "output.dense")},
+      }
+    )
+  e = p + "embeddings."
+  return "deit", {
+    "patch_embed": {
+      "proj": {
+        "kernel": conv2(c[e + "patch_embeddings.projection.weight"]),
+        "bias": c[e + "patch_embeddings.projection.bias"],
+      }
+    },
+    "cls_token": c[e + "cls_token"],
+    "dist_token": c[e + "distillation_token"],
+    "pos_embed": c[e + "position_embeddings"],
+    "blocks": blocks,
+    "norm": _norm(c, p + "layernorm"),
+    "head": _linear(c, "cls_classifier"),
+    "head_dist": _linear(c, "distillation_classifier"),
+  }
+
+
+def _mae_block(c, q):
+  a = q + "attention.attention."
+  return {
+    "norm1": _norm(c, q + "layernorm_before"),
+    "attn": {
+      **{n: _linear(c, a + w, 4) for n, w in (("q", "query"), ("k", "key"), ("v", "value"))},
+      "o": _linear(c, q + "attention.output.dense", 4, out=True),
+    },
+    "norm2": _norm(c, q + "layernorm_after"),
+    "mlp": {"fc1": _linear(c, q + "intermediate.dense"), "fc2": _linear(c, q + "output.dense")},
+  }
+
+
+def vit_mae_scanned():
+  """An MAE with its encoder's and its decoder's blocks scanned: the decoder has one block,
+  so its stack of one is that block's tensors (one candidate, not also each tensor
+  reshaped to a leading 1), and its width differs from the encoder's."""
+  c = ld("vit_mae")
+  e, d = "vit.embeddings.", "decoder."
+  return "vit_mae", {
+    "encoder": {
+      "patch_embed": {
+        "kernel": conv2(c[e + "patch_embeddings.projection.weight"]),
+        "bias": c[e + "patch_embeddings.projection.bias"],
+      },
+      "cls_token": c[e + "cls_token"],
+      "pos_embed": c[e + "position_embeddings"],
+      "blocks": _stacked([_mae_block(c, f"vit.encoder.layer.{i}.") for i in range(2)]),
+      "norm": _norm(c, "vit.layernorm"),
+    },
+    "decoder": {
+      "embed": _linear(c, d + "decoder_embed"),
+      "mask_token": c[d + "mask_token"],
+      "pos_embed": c[d + "decoder_pos_embed"],
+      "blocks": _stacked([_mae_block(c, d + "decoder_encoder.layer.0.")]),
+      "norm": _norm(c, d + "decoder_norm"),
+      "pred": _linear(c, d + "decoder_pred"),
+    },
+  }
+
+
+def mobilenet_nnx():
+  """MobileNetV2 in NNX lists, each unit a conv and its batch norm (``blocks/3/dw/conv``,
+  ``blocks/3/dw/bn``; the norm's statistics beside its scale). The expanding and the
+  depthwise units are as wide, so a norm's shape and name fit both units' norms: the unit
+  its conv came from (its shape is its own) says which."""
+  c, m = ld("mobilenet_v2"), "mobilenet_v2."
+
+  def unit(q):
+    n = q + ".normalization."
+    return {
+      "conv": {"kernel": conv2(c[q + ".convolution.weight"])},
+      "bn": {
+        "scale": c[n + "weight"],
+        "bias": c[n + "bias"],
+        "mean": c[n + "running_mean"],
+        "var": c[n + "running_var"],
+      },
+    }
+
+  parts = (("expand", "expand_1x1"), ("dw", "conv_3x3"), ("project", "reduce_1x1"))
+  stem = (("conv", "first_conv"), ("dw", "conv_3x3"), ("project", "reduce_1x1"))
+  return "mobilenet_v2", {
+    "stem": {n: unit(f"{m}conv_stem.{k}") for n, k in stem},
+    "blocks": [{n: unit(f"{m}layer.{i}.{k}") for n, k in parts} for i in range(16)],
+    "head": unit(m + "conv_1x1"),
+    "classifier": _linear(c, "classifier"),
+  }
+
+
+def gemma3_nnx():
+  """Gemma 3 stacked by ``nnx.scan`` in the gemma library's words: four norms a layer
+  (``pre_attention_norm`` .. ``post_ffw_norm``) and ``query_norm``/``key_norm``."""
+  c = ld("gemma3")
+  layers = []
+  for i in range(2):
+    q = f"model.layers.{i}."
+    a = q + "self_attn."
+
+    def w(k):
+      return {"scale": c[q + k + ".weight"]}
+
+    layers.append(
+      {
+        "pre_attention_norm": w("input_layernorm"),
+        "post_attention_norm": w("post_attention_layernorm"),
+        "pre_ffw_norm": w("pre_feedforward_layernorm"),
+        "post_ffw_norm": w("post_feedforward_layernorm"),
+        "attn": {
+          "q_proj": {"kernel": heads_in(c[a + "q_proj.weight"], 4)},
+          "k_proj": {"kernel": heads_in(c[a + "k_proj.weight"], 2)},
+          "v_proj": {"kernel": heads_in(c[a + "v_proj.weight"], 2)},
+          "o_proj": {"kernel": heads_out(c[a + "o_proj.weight"], 4)},
+          "query_norm": {"scale": c[a + "q_norm.weight"]},
+          "key_norm": {"scale": c[a + "k_norm.weight"]},
+        },
+        "mlp": {
+          n: {"kernel": T(c[f"{q}mlp.{n}.weight"])} for n in ("gate_proj", "up_proj", "down_proj")
+        },
+      }
+    )
+  return "gemma3", {
+    "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
+    "layers": _stacked(layers),
+    "final_norm": {"scale": c["model.norm.weight"]},
+  }
+
+
+def blip_scanned():
+  """BLIP's two towers scanned: the text tower's layers hold a self- and a cross-attention of
+  one shape and three norms of one width (``attn_norm``, ``xattn_norm``, ``mlp_norm``); the
+  vision tower's a fused ``qkv``."""
+  c, t, v = ld("blip"), "text_model.", "vision_model."
+
+  def attention(q):
+    return {
+      **{
+        n: _linear(c, q + "self." + w, 4) for n, w in (("q", "query"), ("k", "key"), ("v", "value"))
+      },
+      "o": _linear(c, q + "output.dense", 4, out=True),
+    }
+
+  text = []
+  for i in range(2):
+    q = f"{t}encoder.layer.{i}."
+    text.append(
+      {
+        "attn": attention(q + "attention."),
+        "attn_norm": _norm(c, q + "attention.output.LayerNorm"),
+        "xattn": attention(q + "crossattention."),
+        "xattn_norm": _norm(c, q + "crossattention.output.LayerNorm"),
+        "mlp": {"fc1": _linear(c, q + "intermediate.dense"), "fc2": _linear(c, q + "output.dense")},
+        "mlp_norm": _norm(c, q + "output.LayerNorm"),
+      }
+    )
+  vision = []
+  for i in range(2):
+    q = f"{v}encoder.layers.{i}."
+    vision.append(
+      {
+        "norm1": _norm(c, q + "layer_norm1"),
+        "attn": {
+          "qkv": _linear(c, q + "self_attn.qkv"),
+          "proj": _linear(c, q + "self_attn.projection"),
+        },
+        "norm2": _norm(c, q + "layer_norm2"),
+        "mlp": {"fc1": _linear(c, q + "mlp.fc1"), "fc2": _linear(c, q + "mlp.fc2")},
+      }
+    )
+  return "blip", {
+    "text": {
+      "embed": {"embedding": c[t + "embeddings.word_embeddings.weight"]},
+      "pos_embed": {"embedding": c[t + "embeddings.position_embeddings.weight"]},
+      "embed_norm": _norm(c, t + "embeddings.LayerNorm"),
+      "layers": _stacked(text),
+      "pooler": _linear(c, t + "pooler.dense"),
+    },
+    "vision": {
+      "patch_embed": {
+        "kernel": conv2(c[v + "embeddings.patch_embedding.weight"]),
+        "bias": c[v + "embeddings.patch_embedding.bias"],
+      },
+      "cls_token": c[v + "embeddings.class_embedding"],
+      "pos_embed": c[v + "embeddings.position_embedding"],
+      "layers": _stacked(vision),
+      "post_norm": _norm(c, v + "post_layernorm"),
+    },
+    "text_proj": _linear(c, "text_projection"),
+    "vision_proj": _linear(c, "visual_projection"),
+    "logit_scale": c["logit_scale"],
+  }
+
+
 MAPPED = {
   f.__name__: f
   for f in (
+    vit_mae_scanned,
+    mobilenet_nnx,
+    gemma3_nnx,
+    blip_scanned,
     pixart_flax_linen,
     pixart_nnx,
     llava_nnx,
@@ -1667,6 +1900,9 @@ MAPPED = {
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
 ASKED = {
   "qwen3_flax_auto": (qwen3_flax_auto, 2, True),  # Mlp_0's Dense_0/Dense_1: gate and up
+  # head/kernel and head/bias: the class token's classifier or the distillation token's
+  "deit_timm_nnx": (deit_timm_nnx, 2, True),
+  "deit_timm_nnx, no config": (deit_timm_nnx, 2, False),
   # no config.json: nothing says how Wqkv and Wi are laid out
   "modernbert_split, no config": (modernbert_split, 2, False),
 }
@@ -1695,6 +1931,10 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 
 # the cases that map without their config.json too (what names and shapes alone say)
 WITHOUT_CONFIG = (
+  "vit_mae_scanned",
+  "mobilenet_nnx",
+  "gemma3_nnx",
+  "blip_scanned",
   "pixart_flax_linen",
   "pixart_nnx",
   "llava_nnx",

@@ -105,7 +105,14 @@ def candidates(
   out.extend(_joined(tc, shape, ck.by_layer.get(tc.indices, []), ck))
   # a stacked target: (L, ...) from the L per-layer tensors of one name template (and experts)
   if len(shape) >= 2 and (hinted or tc.tokens & {"layers", "experts"}):
-    out.extend(_stacked(tc, shape, ck, hinted))
+    stacked = _stacked(tc, shape, ck, hinted)
+    # a stack of one layer is that layer's tensor: one candidate per order of its values,
+    # not also a reshape of it to ask about (the better named of two alike; the stack if
+    # they tie)
+    alone = {_values(c): c.score for c in stacked if len(c.keys) == 1 and c.fused is None}
+    out = [c for c in out if c.fused is not None or alone.get(_values(c), -1.0) < c.score]
+    kept = {_values(c) for c in out if c.fused is None}
+    out.extend(c for c in stacked if c.fused is not None or _values(c) not in kept)
   if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
     out.extend(_stacked_joined(tc, shape, ck))
   # one expert's leaf (experts/{e}/w1) from its layer's experts-stacked tensor
@@ -119,6 +126,13 @@ def candidates(
 FUSED_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 # and the parts a target may join (a fused kv exists only in targets: Gemma's kv_einsum)
 JOINED_PARTS = {**FUSED_PARTS, "kv": ("k", "v")}
+
+
+def _values(c: Candidate) -> tuple[tuple[str, ...], str]:
+  """What a candidate of one tensor holds: its key and how its values are reordered (a
+  transpose, a conv layout; a reshape, or a stack of one, keeps their order)."""
+  how = c.reason.partition(", stacked ")[0]
+  return c.keys, " ".join(w for w in ("transpose", "OIHW", "OIK") if w in how)
 
 
 def _per_expert(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:

@@ -16,6 +16,8 @@ singles one out: that is evidence, never elimination.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterable
 from collections.abc import Mapping
 
@@ -38,6 +40,8 @@ KIND_WORDS = frozenset(
     "b",
     "offset",
     "shift",
+    # a batch norm's running statistics (torch, keras; flax's batch_stats)
+    *("running_mean", "running_var", "moving_mean", "moving_variance", "mean", "var"),
   }
 )
 _SPLIT = re.compile(r"[./]")
@@ -127,6 +131,91 @@ def settle_by_module(
     if len(fits) == 1:
       out[name] = (fits[0], sorted(siblings[module])[0])
   return out
+
+
+def settle_by_subtree(
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  top: Callable[[list[Candidate]], list[Candidate]],
+  hinted: Collection[str] = (),
+) -> dict[str, tuple[Candidate, str]]:
+  """Open leaves that the decided leaves around their module settle: ``{name: (candidate,
+  a decided leaf)}``.
+
+  A leaf whose own module has no decided leaf (``blocks/3/dw/bn/scale``) is aligned by its
+  nearest enclosing module that has (``blocks/3/dw``, whose ``conv/kernel`` came from
+  ``layer.3.conv_3x3.convolution.weight``): the leaves of one target subtree come from one
+  checkpoint subtree. Of its candidates outside the decided leaves' own checkpoint modules
+  (those are other target modules'), the ones that lie deepest inside the checkpoint subtree
+  of each decided leaf (under ``layer.3.conv_3x3``, not ``layer.3.expand_1x1``) are kept, and
+  the one best named among them is taken (``normalization.weight`` for a ``scale``). Decided
+  leaves that point into different subtrees, candidates all as deep, or a tie by name among
+  the deepest single out nothing; a leaf a hint decided (``hinted``) is the user's word
+  about that leaf, not an anchor for the rest.
+
+  Examples:
+    >>> from paramreg_jax._src.match.candidates import Candidate
+    >>> def cand(k):
+    ...   return Candidate(0.5, (k,), "name", None)
+    >>> open_ = {"b/dw/bn/scale": [cand("l.conv_3x3.norm.weight"), cand("l.expand.norm.weight")]}
+    >>> decided = {"b/dw/conv/kernel": ("l.conv_3x3.conv.weight",)}
+    >>> got = settle_by_subtree(open_, decided, lambda c: c)
+    >>> got["b/dw/bn/scale"][0].keys, got["b/dw/bn/scale"][1]
+    (('l.conv_3x3.norm.weight',), 'b/dw/conv/kernel')
+  """
+  out = {}
+  for name, cands in open_.items():
+    module = target_module(name)
+    if module is None:
+      continue
+    anchors = _nearest_decided(module, {n: k for n, k in decided.items() if n not in hinted})
+    if not anchors:
+      continue
+    keys = [_components(k) for a in anchors for k in decided[a]]
+    taken = {_components(m) for a in anchors for m in modules(decided[a])}
+    depth = [
+      (min(_shared(_components(k), d) for k in c.keys for d in keys), c)
+      for c in distinct(cands)
+      if not any(_components(m)[: len(t)] == t for m in modules(c.keys) for t in taken)
+    ]
+    if len(depth) < 2 or len({d for d, _ in depth}) < 2:
+      continue  # nothing outside the subtree: it narrows nothing
+    best = max(d for d, _ in depth)
+    inside = top([c for d, c in depth if d == best])  # the best names among them
+    if len(inside) != 1:
+      continue
+    (pick,) = inside
+    # the subtree decides only what the names left open: some other candidate is named as
+    # well, and every such one lies outside (a leaf open for another reason, two leaves
+    # wanting its best name, is no question of where)
+    rivals = [d for d, c in depth if c is not pick and c.score >= pick.score]
+    if rivals and max(rivals) < best:
+      out[name] = (pick, sorted(anchors)[0])
+  return out
+
+
+def _nearest_decided(module: str, decided: Mapping[str, tuple[str, ...]]) -> list[str]:
+  """The decided leaves under the nearest module enclosing ``module`` that has any (not the
+  whole model: at the top, everything encloses everything)."""
+  parts = module.split("/")
+  for up in range(len(parts) - 1, 0, -1):
+    prefix = "/".join(parts[:up]) + "/"
+    found = [n for n, keys in decided.items() if keys and n.startswith(prefix)]
+    if found:
+      return found
+  return []
+
+
+def _components(key: str) -> tuple[str, ...]:
+  """A key's components with its layer numbers as ``#`` (one stack's keys alike)."""
+  return tuple(_SPLIT.split(template(key)))
+
+
+def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+  n = 0
+  while n < min(len(a), len(b)) and a[n] == b[n]:
+    n += 1
+  return n
 
 
 def module_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:

@@ -231,6 +231,7 @@ def _settle(
   rules = (
     ("module of ", coherence.settle_by_module),
     ("as in ", coherence.settle_by_layer),
+    ("beside ", lambda open_, done: coherence.settle_by_subtree(open_, done, _top, by_hint)),
     ("", lambda open_, decided: order.settle(open_, decided, ck, _top, by_hint)),
     ("closure: ", closing),
   )

@@ -91,6 +91,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("down",) for w in ("down", "down_proj", "w2", "fc2", "fc_out", "lin2", "dense_4h_to_h")},
   "ffn_in": ("mlp", "up"),
   "ffn_out": ("mlp", "down"),
+  "ffn_output": ("mlp", "down"),  # ALBERT: ffn, then ffn_output
   "w_in": ("up", "w"),
   "w_out": ("down", "w"),
   # t5x and MaxText: wi_0 is the activated (gate) input, wi_1 the linear one; wo (in an MLP,
@@ -228,6 +229,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("head",) for w in ("lm_head", "head", "output_layer", "unembed", "logits_dense")},
 }
 
+# every concept the vocabulary reads a word as
+_MEANINGS = frozenset(
+  c for meaning in (*_WORDS.values(), *(m for _, m in _PHRASES)) for c in meaning
+)
+
 _SEPARATORS = re.compile(r"[./~]")
 _NUMBERS_ITEMS = frozenset({"layers", "experts", "heads"})  # a word whose next number indexes
 
@@ -248,6 +254,8 @@ def names_a_table(name: str) -> bool:
     (True, True)
     >>> names_a_table("adaln_single.emb.timestep_embedder.linear_2.weight")
     False
+    >>> names_a_table("embed_proj/kernel")  # a flax Dense projecting the embeddings
+    False
   """
   parts = [p.lower() for p in components(name) if p]
   if not parts:
@@ -255,6 +263,8 @@ def names_a_table(name: str) -> bool:
   last = parts[-1]
   if last in ("embedding", "embeddings"):  # flax's and haiku's Embed
     return True
+  if last == "kernel":  # flax's Dense and Conv (an Embed's is ``embedding``): ALBERT's embed_proj
+    return False
   own = parts[-2] if last in _KIND_WORDS and len(parts) > 1 else last
   return "embed" in _fold((own,), False)[0]
 
@@ -314,9 +324,12 @@ _STAGE = re.compile(r"^(layer|stage|block)(\d+)$")
 # (torchvision's ``conv1``, ``bn2``): the module (folded) and its place, ``#2``
 _PLACED = re.compile(r"^([a-z]{2,}?)(\d+)$")
 # a block class flax auto-names (``DecoderLayer_0``, big_vision's ``encoderblock_3``,
-# ``ResNetBlock_1``, ``ConvNeXtStage_0``): its number is a layer's, unless the class is named
-# for a part of a layer (``MlpBlock_0``, ``AttentionBlock_0``, MaxText's ``MoeBlock_0``)
-_BLOCK_CLASS = re.compile(r"^([a-z][a-z0-9_]*?)_?(layers|layer|blocks|block|stages|stage)_(\d+)$")
+# ``ResNetBlock_1``, ``ConvNeXtStage_0``; a residual block named for itself, MobileNet's
+# ``InvertedResidual_3``, a ResNet's ``Bottleneck_2``): its number is a layer's, unless the
+# class is named for a part of a layer (``MlpBlock_0``, ``AttentionBlock_0``, ``MoeBlock_0``)
+_BLOCK_CLASS = re.compile(
+  r"^([a-z][a-z0-9_]*?|)_?(layers|layer|blocks|block|stages|stage|residual|bottleneck)_(\d+)$"
+)
 
 
 def _container(word: str, in_layer: bool = False) -> tuple[str, ...] | None:
@@ -535,8 +548,37 @@ class Concepts:
   bare: bool = False  # no kind word in the name (``wq``, ``A_log``): the kind is implied
 
   def similarity(self, other: Concepts) -> float:
+    """The share of concepts the two names have in common, a word abbreviating another
+    (``dist`` of ``distillation``) counting as one.
+
+    Examples:
+      >>> a, b = concepts("head_dist/kernel"), concepts("distillation_classifier.weight")
+      >>> round(a.similarity(b), 2)
+      0.5
+    """
     union = self.tokens | other.tokens
-    return len(self.tokens & other.tokens) / len(union) if union else 0.0
+    if not union:
+      return 0.0
+    short = _abbreviated(self.tokens - other.tokens, other.tokens - self.tokens)
+    return (len(self.tokens & other.tokens) + short) / (len(union) - short)
+
+
+@functools.lru_cache(maxsize=65536)
+def _abbreviated(mine: frozenset[str], theirs: frozenset[str]) -> int:
+  """How many words of one name abbreviate a word of the other's, each word paired once: the
+  shorter of at least three letters begins the longer, which is at least two letters longer
+  (``dist`` and ``distillation``, ``emb`` and ``embed``; not ``head`` and ``heads``). Words the
+  vocabulary already reads (``attn``, ``pos``) say what they mean and are not abbreviations."""
+  pairs, used = 0, set[str]()
+  for a in sorted(mine):
+    for b in sorted(theirs - used):
+      lo, hi = sorted((a, b), key=len)
+      abbreviates = len(lo) >= 3 and lo[0].isalpha() and len(hi) >= len(lo) + 2
+      if abbreviates and hi.startswith(lo) and lo not in _MEANINGS:
+        pairs += 1
+        used.add(b)
+        break
+  return pairs
 
 
 def same_path(target: str, key: str) -> bool:
