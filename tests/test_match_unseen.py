@@ -1740,6 +1740,39 @@ def mobilenet_nnx():
   }
 
 
+def mobilenet_flax_auto():
+  """MobileNetV2 as a linen ``@nn.compact`` writes it: ``InvertedResidual_0`` .. ``_15``, each
+  ``Conv_0``..``Conv_2`` and ``BatchNorm_0``..``BatchNorm_2`` in call order, the statistics
+  in ``batch_stats``. The expanding and the depthwise units' norms are as wide: the k-th
+  ``BatchNorm`` is the norm of the unit the k-th ``Conv`` came from (the checkpoint keeps a
+  conv and its norm in one unit), and a norm's statistics follow its scale across the
+  collections."""
+  c, m = ld("mobilenet_v2"), "mobilenet_v2."
+
+  def bn(q):
+    n = q + ".normalization."
+    return (
+      {"scale": c[n + "weight"], "bias": c[n + "bias"]},
+      {"mean": c[n + "running_mean"], "var": c[n + "running_var"]},
+    )
+
+  def units(names):
+    p, b = {}, {}
+    for j, q in enumerate(names):
+      p[f"Conv_{j}"] = {"kernel": conv2(c[q + ".convolution.weight"])}
+      p[f"BatchNorm_{j}"], b[f"BatchNorm_{j}"] = bn(q)
+    return p, b
+
+  P, B = units([f"{m}conv_stem.{k}" for k in ("first_conv", "conv_3x3", "reduce_1x1")])
+  for i in range(16):
+    block = [f"{m}layer.{i}.{k}" for k in ("expand_1x1", "conv_3x3", "reduce_1x1")]
+    P[f"InvertedResidual_{i}"], B[f"InvertedResidual_{i}"] = units(block)
+  P["Conv_3"] = {"kernel": conv2(c[m + "conv_1x1.convolution.weight"])}
+  P["BatchNorm_3"], B["BatchNorm_3"] = bn(m + "conv_1x1")
+  P["Dense_0"] = _linear(c, "classifier")
+  return "mobilenet_v2", {"params": P, "batch_stats": B}
+
+
 def gemma3_nnx():
   """Gemma 3 stacked by ``nnx.scan`` in the gemma library's words: four norms a layer
   (``pre_attention_norm`` .. ``post_ffw_norm``) and ``query_norm``/``key_norm``."""
@@ -1848,6 +1881,7 @@ MAPPED = {
   for f in (
     vit_mae_scanned,
     mobilenet_nnx,
+    mobilenet_flax_auto,
     gemma3_nnx,
     blip_scanned,
     pixart_flax_linen,
@@ -1933,6 +1967,7 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 WITHOUT_CONFIG = (
   "vit_mae_scanned",
   "mobilenet_nnx",
+  "mobilenet_flax_auto",
   "gemma3_nnx",
   "blip_scanned",
   "pixart_flax_linen",

@@ -54,6 +54,22 @@ def target_module(name: str) -> str | None:
   return head if head and last.lower() in KIND_WORDS else None
 
 
+# the collections flax keeps beside a module's parameters, under the same module path
+_COLLECTIONS = frozenset({"params", "batch_stats"})
+
+
+def without_collection(path: str) -> str:
+  """A target path without its flax collection: ``batch_stats/Block_0/BatchNorm_0`` is the
+  module ``params/Block_0/BatchNorm_0`` is (a batch norm's statistics and its scale)."""
+  first, _, rest = path.partition("/")
+  return rest if first in _COLLECTIONS and rest else path
+
+
+def _one_module(name: str) -> str | None:
+  module = target_module(name)
+  return None if module is None else without_collection(module)
+
+
 def checkpoint_module(key: str) -> str:
   """``model.layers.0.self_attn.o_proj`` for ``model.layers.0.self_attn.o_proj.weight``; a
   weight stored under its module's own name has its bias as a ``_bias`` sibling (gpt-oss's
@@ -112,15 +128,18 @@ def settle_by_module(
   decided: Mapping[str, tuple[str, ...]],
 ) -> dict[str, tuple[Candidate, str]]:
   """Open leaves (``{name: every candidate}``) that a decided sibling settles:
-  ``{name: (candidate, sibling)}``. ``decided`` maps every decided leaf to its keys."""
+  ``{name: (candidate, sibling)}``. ``decided`` maps every decided leaf to its keys. A
+  module's leaves are its variables in every flax collection (``params/bn/scale`` and
+  ``batch_stats/bn/mean``); of several candidates in the sibling's checkpoint module, the
+  one best named is taken."""
   siblings: dict[str, list[str]] = {}
   for name, keys in decided.items():
-    module = target_module(name)
+    module = _one_module(name)
     if module is not None and keys:
       siblings.setdefault(module, []).append(name)
   out = {}
   for name, cands in open_.items():
-    module = target_module(name)
+    module = _one_module(name)
     if module is None or module not in siblings:
       continue
     wanted = {modules(decided[s]) for s in siblings[module]}
@@ -128,6 +147,10 @@ def settle_by_module(
       continue  # the siblings disagree: reported by module_conflicts
     (want,) = wanted
     fits = distinct([c for c in cands if modules(c.keys) == want])
+    # in one module, the name tells its parameters apart (a batch norm's ``scale`` is its
+    # ``weight``, not its ``running_mean`` of the same shape)
+    if len(fits) > 1 and fits[0].score > fits[1].score:
+      fits = fits[:1]
     if len(fits) == 1:
       out[name] = (fits[0], sorted(siblings[module])[0])
   return out
@@ -223,7 +246,7 @@ def module_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
   modules."""
   by_module: dict[str, list[str]] = {}
   for name, keys in decided.items():
-    module = target_module(name)
+    module = _one_module(name)
     if module is not None and keys:
       by_module.setdefault(module, []).append(name)
   out = {}

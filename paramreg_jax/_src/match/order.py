@@ -8,6 +8,12 @@ attention's before the MLP's, a post-norm after its pre-norm. So when siblings n
 left open among exactly as many checkpoint tensors, each of a distinct role in that order,
 the numbers pair with the roles in order.
 
+Where the checkpoint keeps each conv with its norm in a unit of its own (MobileNet's
+``layer.3.expand_1x1.{convolution,normalization}``), a compact block's ``Conv_0`` ..
+``Conv_2``, decided by their shapes, give the units their order, and ``BatchNorm_0`` ..
+``BatchNorm_2`` take the units' norms in it (``in order: BatchNorm_1 of 3 is the one in
+conv_3x3``); flax's ``batch_stats`` collection is the same module as ``params``.
+
 It decides only then: every open sibling has the same candidate tensors, as many as there are
 open siblings; the roles are distinct and known (``concepts`` folds ``input_layernorm``,
 ``ln_1``, ``fc1``, ``wi_0`` to them); the siblings decided by other evidence sit in the same
@@ -31,6 +37,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import numbering
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
@@ -135,7 +142,9 @@ def settle(
   out: dict[str, tuple[Candidate, str]] = {}
   taken = {*decided.values()}
   by_evidence = {keys for name, keys in decided.items() if name not in by_hint}
-  for members in families.values():
+  evidence = {n: k for n, k in decided.items() if n not in by_hint}
+  for family, members in families.items():
+    units = _unit_ranks(family, families, evidence)
     waiting = {n: name for n, name in members.items() if name in open_}
     if len(waiting) < 2 or len(members) != len({*members.values()}):
       continue
@@ -153,10 +162,10 @@ def settle(
       groups.setdefault(frozenset(c.keys for c in cands), []).append(n)
     assigned: dict[int, tuple[tuple[str, ...], str, int]] = {}
     for tensors, ns in groups.items():
-      ranked = _ranked(tensors, ck) if len(tensors) == len(ns) >= 2 else None
+      ranked = _ranked(tensors, ck, units) if len(tensors) == len(ns) >= 2 else None
       if ranked is not None and not taken & {k for k, _, _ in ranked}:
         assigned.update(zip(sorted(ns), ranked))
-    if not assigned or not _in_order(members, assigned, decided, ck):
+    if not assigned or not _in_order(members, assigned, decided, ck, units):
       continue
     for n, (tensor, what, _) in assigned.items():
       picks = [c for c in sets[n] if c.keys == tensor]
@@ -181,12 +190,16 @@ def _named(
 
 
 def _ranked(
-  tensors: frozenset[tuple[str, ...]], ck: Checkpoint
+  tensors: frozenset[tuple[str, ...]], ck: Checkpoint, units: Mapping[str, int]
 ) -> list[tuple[tuple[str, ...], str, int]] | None:
   """``(tensor, role, rank)`` in call order, or None if any role is unknown or shared.
   Tensors named alike but for their place in a block's sequence (``#j``, from ``numbering``)
-  are in the order of those places."""
+  are in the order of those places; tensors each in a unit another numbered family's
+  members came from (``units``), in the order of those members."""
   placed = _in_sequence(tensors, ck)
+  if placed is not None:
+    return placed
+  placed = _in_units(tensors, units)
   if placed is not None:
     return placed
   placed = []
@@ -220,6 +233,55 @@ def _in_sequence(
   return sorted(placed, key=lambda p: p[2])
 
 
+def _unit(key: str) -> str:
+  """The checkpoint unit that holds a tensor's module: ``layer.3.expand_1x1`` for
+  ``layer.3.expand_1x1.convolution.weight`` and ``...normalization.running_mean``."""
+  return coherence.checkpoint_module(key).rpartition(".")[0]
+
+
+def _unit_ranks(
+  family: tuple[str, str, str],
+  families: Mapping[tuple[str, str, str], dict[int, str]],
+  decided: Mapping[str, tuple[str, ...]],
+) -> dict[str, int]:
+  """``{checkpoint unit: number}`` from another numbered family in the same module whose
+  members evidence decided, each from a unit of its own (a compact block's ``Conv_0`` ..
+  ``Conv_2`` from ``expand_1x1``, ``conv_3x3``, ``reduce_1x1``): the k-th ``BatchNorm`` is
+  the norm of the k-th conv's unit, where the checkpoint groups each conv with its norm."""
+  parent, base, _ = family
+  out: dict[str, int] = {}
+  for (p, b, _), members in families.items():
+    if b == base or coherence.without_collection(p) != coherence.without_collection(parent):
+      continue
+    units = {n: {_unit(k) for k in decided[m]} for n, m in members.items() if m in decided}
+    if len(units) < 2 or any(len(u) != 1 for u in units.values()):
+      continue
+    found = {next(iter(u)): n for n, u in units.items()}
+    if len(found) != len(units) or any(out.get(u, n) != n for u, n in found.items()):
+      return {}  # two partners disagree, or one unit for two members: no order
+    out.update(found)
+  return out
+
+
+def _in_units(
+  tensors: frozenset[tuple[str, ...]], units: Mapping[str, int]
+) -> list[tuple[tuple[str, ...], str, int]] | None:
+  """``(tensor, role, rank)`` of single tensors each in a distinct ranked unit, in that
+  order; None otherwise."""
+  if not units:
+    return None
+  placed = []
+  for keys in tensors:
+    where = {_unit(k) for k in keys}
+    if len(where) != 1 or next(iter(where)) not in units:
+      return None
+    (u,) = where
+    placed.append((keys, f"one in {u.rpartition('.')[2]}", units[u]))
+  if len({p for _, _, p in placed}) != len(placed):
+    return None
+  return sorted(placed, key=lambda p: p[2])
+
+
 def _role_of(key: str, ck: Checkpoint) -> tuple[str, int] | None:
   return role(ck.concepts[key].tokens) if key in ck.concepts else None
 
@@ -229,9 +291,10 @@ def _in_order(
   assigned: dict[int, tuple[tuple[str, ...], str, int]],
   decided: Mapping[str, tuple[str, ...]],
   ck: Checkpoint,
+  units: Mapping[str, int],
 ) -> bool:
   """Whether every sibling decided by other evidence or paired now sits in call order (a
-  decided one of no known role leaves the order unproven)."""
+  decided one of no known role or unit leaves the order unproven)."""
   ranks = []
   for n in sorted(members):
     if n in assigned:
@@ -241,6 +304,9 @@ def _in_order(
     if not keys:
       continue  # still open: it contradicts nothing
     r = _role_of(keys[0], ck)
+    if r is None and units:
+      unit = units.get(_unit(keys[0]))
+      r = None if unit is None else ("", unit)
     if r is None:
       return False
     ranks.append(r[1])
