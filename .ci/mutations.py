@@ -503,9 +503,9 @@ MUTATIONS = (
   Mutation(
     "the decided neighbours' subtree not used",
     "paramreg_jax/_src/match/coherence.py",
-    "    if rivals and max(rivals) < best:\n",
+    "    if rivals and not inside_too:\n",
     "    if False:\n",
-    ("tests/test_match_unseen.py", "-k", "mobilenet"),
+    ("tests/test_match_unseen.py", "-k", "mobilenet or rwkv"),
   ),
   Mutation(
     "an abbreviation not read as its word",
@@ -527,6 +527,13 @@ MUTATIONS = (
     "  placed = _in_units(tensors, units)\n",
     "  placed = None\n",
     ("tests/test_match_unseen.py", "-k", "mobilenet_flax_auto"),
+  ),
+  Mutation(
+    "layers offered other choices compared all the same",
+    "paramreg_jax/_src/match/coherence.py",
+    "      kinds.setdefault(offered(n), []).append(n)\n",
+    "      kinds.setdefault(None, []).append(n)\n",
+    ("tests/test_match_unseen.py", "-k", "efficientnet"),
   ),
 )
 

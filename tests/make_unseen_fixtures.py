@@ -4,7 +4,7 @@ Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: Con
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
-Gemma 3, BLIP, and a diffusion VAE, UNet and
+EfficientNet, RWKV, Jamba, Gemma 3, BLIP, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -252,6 +252,46 @@ CASES = {
       num_key_value_heads=2,
       head_dim=8,
       sliding_window=8,
+    )
+  ),
+  # EfficientNet: MBConv blocks, the first without an expansion (its norms are others')
+  "efficientnet": lambda: tf.EfficientNetForImageClassification(
+    tf.EfficientNetConfig(
+      num_channels=3,
+      image_size=32,
+      width_coefficient=0.25,
+      depth_coefficient=0.3,
+      num_labels=5,
+      hidden_dim=320,
+    )
+  ),
+  # RWKV: bare time-mix parameters of one shape in the attention and the feed-forward
+  "rwkv": lambda: tf.RwkvForCausalLM(
+    tf.RwkvConfig(
+      vocab_size=99,
+      hidden_size=32,
+      num_hidden_layers=2,
+      attention_hidden_size=32,
+      intermediate_size=64,
+      context_length=16,
+    )
+  ),
+  # Jamba: Mamba and attention layers, MLPs and mixtures of experts, alternating
+  "jamba": lambda: tf.JambaForCausalLM(
+    tf.JambaConfig(
+      **{**_TEXT, "num_hidden_layers": 4},
+      num_key_value_heads=2,
+      num_experts=2,
+      num_experts_per_tok=1,
+      expert_layer_period=2,
+      expert_layer_offset=1,
+      attn_layer_period=2,
+      attn_layer_offset=1,
+      mamba_d_state=4,
+      mamba_d_conv=4,
+      mamba_expand=2,
+      mamba_dt_rank=4,
+      use_mamba_kernels=False,
     )
   ),
   # BLIP: a vision tower (fused qkv) and a text tower with cross-attention, three norms a layer

@@ -1773,6 +1773,125 @@ def mobilenet_flax_auto():
   return "mobilenet_v2", {"params": P, "batch_stats": B}
 
 
+def efficientnet_flax_auto():
+  """EfficientNet as a linen ``@nn.compact`` writes it (``MBConvBlock_3/Conv_1``,
+  ``BatchNorm_1``, ``SqueezeExcite_0``): the first block has no expansion, so its
+  ``BatchNorm_0`` is the depthwise conv's norm where every other block's is the expansion's
+  (the layers offer it other tensors: no disagreement between the layers)."""
+  c, e = ld("efficientnet"), "efficientnet."
+
+  def bn(q):
+    return (
+      {"scale": c[q + ".weight"], "bias": c[q + ".bias"]},
+      {"mean": c[q + ".running_mean"], "var": c[q + ".running_var"]},
+    )
+
+  P, B = {"Conv_0": {"kernel": conv2(c[e + "embeddings.convolution.weight"])}}, {}
+  P["BatchNorm_0"], B["BatchNorm_0"] = bn(e + "embeddings.batchnorm")
+  for i in range(8):
+    q = f"{e}encoder.blocks.{i}."
+    units = [(q + "depthwise_conv.depthwise_conv", q + "depthwise_conv.depthwise_norm")]
+    if q + "expansion.expand_conv.weight" in c:
+      units.insert(0, (q + "expansion.expand_conv", q + "expansion.expand_bn"))
+    units.append((q + "projection.project_conv", q + "projection.project_bn"))
+    p, b = {}, {}
+    for j, (conv, norm) in enumerate(units):
+      p[f"Conv_{j}"] = {"kernel": conv2(c[conv + ".weight"])}
+      p[f"BatchNorm_{j}"], b[f"BatchNorm_{j}"] = bn(norm)
+    se = q + "squeeze_excite."
+    p["SqueezeExcite_0"] = {
+      f"Conv_{k}": {"kernel": conv2(c[f"{se}{n}.weight"]), "bias": c[f"{se}{n}.bias"]}
+      for k, n in enumerate(("reduce", "expand"))
+    }
+    P[f"MBConvBlock_{i}"], B[f"MBConvBlock_{i}"] = p, b
+  P["Conv_1"] = {"kernel": conv2(c[e + "encoder.top_conv.weight"])}
+  P["BatchNorm_1"], B["BatchNorm_1"] = bn(e + "encoder.top_bn")
+  P["Dense_0"] = _linear(c, "classifier")
+  return "efficientnet", {"params": P, "batch_stats": B}
+
+
+def rwkv_flax():
+  """RWKV as its JAX ports write it (``blocks_0/att/time_mix_k``, ``ffn/receptance``, the
+  first block's ``ln0``): bare time-mix parameters of one shape in both the attention and
+  the feed-forward, each taken in the module the block's decided kernels align its own
+  with; ``att`` is the attention."""
+  c, b = ld("rwkv"), "rwkv.blocks."
+
+  def norm(k):
+    return _norm(c, k)
+
+  t = {"emb": {"embedding": c["rwkv.embeddings.weight"]}}
+  for i in range(2):
+    q = f"{b}{i}."
+    a, f = q + "attention.", q + "feed_forward."
+    block = {"ln1": norm(q + "ln1"), "ln2": norm(q + "ln2")}
+    if i == 0:
+      block["ln0"] = norm(q + "pre_ln")
+    block["att"] = {
+      **{f"time_mix_{n[0]}": c[a + f"time_mix_{n}"] for n in ("key", "value", "receptance")},
+      "time_decay": c[a + "time_decay"],
+      "time_first": c[a + "time_first"],
+      **{n: {"kernel": T(c[a + n + ".weight"])} for n in ("key", "value", "receptance", "output")},
+    }
+    block["ffn"] = {
+      **{f"time_mix_{n[0]}": c[f + f"time_mix_{n}"] for n in ("key", "receptance")},
+      **{n: {"kernel": T(c[f + n + ".weight"])} for n in ("key", "receptance", "value")},
+    }
+    t[f"blocks_{i}"] = block
+  t["ln_out"] = norm("rwkv.ln_out")
+  t["head"] = {"kernel": T(c["head.weight"])}
+  return "rwkv", t
+
+
+def jamba_nnx():
+  """Jamba in NNX lists: Mamba layers with an MLP and attention layers with a mixture of
+  experts, alternating (the layers differ in kind); ``ffn_norm`` is the checkpoint's
+  ``pre_ff_layernorm``."""
+  c = ld("jamba")
+  layers = []
+  for i in range(4):
+    q = f"model.layers.{i}."
+    layer = {
+      "norm": {"scale": c[q + "input_layernorm.weight"]},
+      "ffn_norm": {"scale": c[q + "pre_ff_layernorm.weight"]},
+    }
+    if i % 2 == 0:
+      m = q + "mamba."
+      layer["mamba"] = {
+        **{n: {"kernel": T(c[f"{m}{n}.weight"])} for n in ("in_proj", "x_proj", "out_proj")},
+        "conv1d": {"kernel": conv1(c[m + "conv1d.weight"]), "bias": c[m + "conv1d.bias"]},
+        "dt_proj": {"kernel": T(c[m + "dt_proj.weight"]), "bias": c[m + "dt_proj.bias"]},
+        "A_log": c[m + "A_log"],
+        "D": c[m + "D"],
+        **{f"{n}_norm": {"scale": c[f"{m}{n}_layernorm.weight"]} for n in ("dt", "b", "c")},
+      }
+      layer["mlp"] = {
+        n: {"kernel": T(c[f"{q}feed_forward.{n}_proj.weight"])} for n in ("gate", "up", "down")
+      }
+    else:
+      a, e = q + "self_attn.", q + "feed_forward."
+      layer["attn"] = {
+        "q": {"kernel": heads_in(c[a + "q_proj.weight"], 4)},
+        "k": {"kernel": heads_in(c[a + "k_proj.weight"], 2)},
+        "v": {"kernel": heads_in(c[a + "v_proj.weight"], 2)},
+        "o": {"kernel": heads_out(c[a + "o_proj.weight"], 4)},
+      }
+      layer["moe"] = {
+        "router": {"kernel": T(c[e + "router.weight"])},
+        "experts": {
+          n: {"kernel": np.stack([T(c[f"{e}experts.{j}.{n}_proj.weight"]) for j in range(2)])}
+          for n in ("gate", "up", "down")
+        },
+      }
+    layers.append(layer)
+  return "jamba", {
+    "embed": {"embedding": c["model.embed_tokens.weight"]},
+    "layers": layers,
+    "final_norm": {"scale": c["model.final_layernorm.weight"]},
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+
+
 def gemma3_nnx():
   """Gemma 3 stacked by ``nnx.scan`` in the gemma library's words: four norms a layer
   (``pre_attention_norm`` .. ``post_ffw_norm``) and ``query_norm``/``key_norm``."""
@@ -1882,6 +2001,9 @@ MAPPED = {
     vit_mae_scanned,
     mobilenet_nnx,
     mobilenet_flax_auto,
+    efficientnet_flax_auto,
+    rwkv_flax,
+    jamba_nnx,
     gemma3_nnx,
     blip_scanned,
     pixart_flax_linen,
@@ -1968,6 +2090,9 @@ WITHOUT_CONFIG = (
   "vit_mae_scanned",
   "mobilenet_nnx",
   "mobilenet_flax_auto",
+  "efficientnet_flax_auto",
+  "rwkv_flax",
+  "jamba_nnx",
   "gemma3_nnx",
   "blip_scanned",
   "pixart_flax_linen",

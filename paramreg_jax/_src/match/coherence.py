@@ -15,9 +15,11 @@ singles one out: that is evidence, never elimination.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from collections.abc import Collection
+from collections.abc import Hashable
 from collections.abc import Iterable
 from collections.abc import Mapping
 
@@ -188,17 +190,18 @@ def settle_by_subtree(
   """
   out = {}
   for name, cands in open_.items():
-    module = target_module(name)
-    if module is None:
+    module = target_module(name) or name  # a bare leaf (time_mix_k) is a module of its own
+    if not module:
       continue
     anchors = _nearest_decided(module, {n: k for n, k in decided.items() if n not in hinted})
     if not anchors:
       continue
     keys = [_components(k) for a in anchors for k in decided[a]]
     taken = {_components(m) for a in anchors for m in modules(decided[a])}
+    every = distinct(cands)
     depth = [
       (min(_shared(_components(k), d) for k in c.keys for d in keys), c)
-      for c in distinct(cands)
+      for c in every
       if not any(_components(m)[: len(t)] == t for m in modules(c.keys) for t in taken)
     ]
     if len(depth) < 2 or len({d for d, _ in depth}) < 2:
@@ -209,10 +212,11 @@ def settle_by_subtree(
       continue
     (pick,) = inside
     # the subtree decides only what the names left open: some other candidate is named as
-    # well, and every such one lies outside (a leaf open for another reason, two leaves
-    # wanting its best name, is no question of where)
-    rivals = [d for d, c in depth if c is not pick and c.score >= pick.score]
-    if rivals and max(rivals) < best:
+    # well, and every such one lies outside or in a decided leaf's own module (a leaf open
+    # for another reason, two leaves wanting its best name, is no question of where)
+    rivals = {id(c) for c in every if c is not pick and c.score >= pick.score}
+    inside_too = [d for d, c in depth if id(c) in rivals and d >= best]
+    if rivals and not inside_too:
       out[name] = (pick, sorted(anchors)[0])
   return out
 
@@ -264,40 +268,61 @@ def module_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
 
 
 def settle_by_layer(
-  open_: Mapping[str, list[Candidate]], decided: Mapping[str, tuple[str, ...]]
+  open_: Mapping[str, list[Candidate]],
+  decided: Mapping[str, tuple[str, ...]],
+  offered: Callable[[str], Hashable] = lambda name: None,
 ) -> dict[str, tuple[Candidate, str]]:
-  """Open leaves of per-layer targets that the other layers' agreed choice settles:
-  ``{name: (candidate, a layer's leaf that made that choice)}``."""
-  agreed = {t: (_choices(ns, decided), ns[0]) for t, ns in _by_template(decided).items()}
+  """Open leaves of per-layer targets that the agreed choice of the other layers settles,
+  those ``offered`` the same choices (a block without the module the others have chooses
+  among other tensors): ``{name: (candidate, a layer's leaf that made that choice)}``."""
+  groups = _by_template(decided)
   out = {}
   for name, cands in open_.items():
-    choice = agreed.get(template(name))
-    if choice is None or len(choice[0]) != 1:
+    alike = [n for n in groups.get(template(name), ()) if offered(n) == offered(name)]
+    choice = _choices(alike, decided)
+    if len(choice) != 1:
       continue
-    (want,) = choice[0]
-    fits = distinct([c for c in cands if _key_template(c.keys) == want])
+    (want,) = choice
+    fits = distinct([c for c in cands if key_template(c.keys) == want])
     if len(fits) == 1:
-      out[name] = (fits[0], choice[1])
+      out[name] = (fits[0], alike[0])
   return out
 
 
-def layer_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
-  """``{leaf: problem}`` for per-layer leaves whose layers chose differently."""
+def layer_conflicts(
+  decided: Mapping[str, tuple[str, ...]],
+  offered: Callable[[str], Hashable] = lambda name: None,
+) -> dict[str, str]:
+  """``{leaf: problem}`` for per-layer leaves whose layers chose differently, among the
+  layers that ``offered`` the leaf the same choices (the templates of its candidates): where
+  a block lacks a module the others have (EfficientNet's first, without an expansion), its
+  ``BatchNorm_0`` has other tensors to choose from, and is another module's norm, rightly."""
   out = {}
-  for names in _by_template(decided).values():
-    if len(_choices(names, decided)) < 2:
+  for every in _by_template(decided).values():
+    if len(_choices(every, decided)) < 2:
       continue
-    said = "; ".join(f"{n} <- {', '.join(decided[n][:2])}" for n in sorted(names)[:4])
-    for n in names:
-      out[n] = (
-        f"{n}: the layers chose differently ({said}); a choice made in one layer holds in "
-        f"every layer: give one hint for all of them, hints={{{template(n).replace('#', '{i}')!r}"
-        ": '<checkpoint name with {i}>'}"
-      )
+    kinds: dict[Hashable, list[str]] = {}
+    for n in every:
+      kinds.setdefault(offered(n), []).append(n)
+    for names in kinds.values():
+      if len(_choices(names, decided)) >= 2:
+        out.update(_disagree(names, decided))
   return out
 
 
-def _key_template(keys: tuple[str, ...]) -> tuple[str, ...]:
+def _disagree(names: list[str], decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+  said = "; ".join(f"{n} <- {', '.join(decided[n][:2])}" for n in sorted(names)[:4])
+  return {
+    n: (
+      f"{n}: the layers chose differently ({said}); a choice made in one layer holds in "
+      f"every layer: give one hint for all of them, hints={{{template(n).replace('#', '{i}')!r}"
+      ": '<checkpoint name with {i}>'}"
+    )
+    for n in names
+  }
+
+
+def key_template(keys: tuple[str, ...]) -> tuple[str, ...]:
   return tuple(sorted({template(k) for k in keys}))
 
 
@@ -312,9 +337,22 @@ def _by_template(decided: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]
 
 def _choices(names: list[str], decided: Mapping[str, tuple[str, ...]]) -> set[tuple[str, ...]]:
   """The checkpoint templates the layers of one leaf chose."""
-  return {_key_template(decided[n]) for n in names}
+  return {key_template(decided[n]) for n in names}
 
 
 def _shown_modules(keys: tuple[str, ...]) -> str:
   mods = sorted(modules(keys))
   return ", ".join(repr(m) for m in mods[:2]) + (f" .. ({len(mods)})" if len(mods) > 2 else "")
+
+
+def offered_by(
+  ranked: Mapping[str, list[Candidate]],
+) -> Callable[[str], frozenset[tuple[str, ...]]]:
+  """A leaf's choices, each as its layer template: what layers offered alike have in
+  common (``coherence.settle_by_layer``, ``layer_conflicts``)."""
+
+  @functools.cache
+  def offered(name: str) -> frozenset[tuple[str, ...]]:
+    return frozenset(key_template(c.keys) for c in ranked.get(name, ()))
+
+  return offered

@@ -10,8 +10,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import closure
 from paramreg_jax._src.match import coherence
@@ -28,9 +26,7 @@ from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.match.vocabulary import same_path
 from paramreg_jax._src.match.vocabulary import shared_modules
-from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
-from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 MIN_SCORE = 0.5
 
@@ -60,8 +56,9 @@ def choose(
     hinted_leaves=by_hint,
   )
   contests = _Contests(picked, open_, hinted, ranked)
-  _settle(picked, open_, proposals, ck, closing, contests, frozenset(by_hint))
-  problems = _conflicts(picked, proposals, hinted)
+  offered = coherence.offered_by(ranked)
+  _settle(picked, open_, proposals, ck, closing, contests, frozenset(by_hint), offered)
+  problems = _conflicts(picked, proposals, hinted, ranked)
   problems.update(
     {
       n: ambiguous(n, cands)
@@ -224,13 +221,14 @@ def _settle(
   closing: Any,
   contests: _Contests,
   by_hint: frozenset[str],
+  offered: Any,
 ) -> None:
   """Open targets that decided siblings (same module), other layers, their numbered
   siblings' order or, last, closure inside their layer single out, among all of their own
   candidates: that evidence outranks a tie (or a miss) by name."""
   rules = (
     ("module of ", coherence.settle_by_module),
-    ("as in ", coherence.settle_by_layer),
+    ("as in ", lambda open_, done: coherence.settle_by_layer(open_, done, offered)),
     ("beside ", lambda open_, done: coherence.settle_by_subtree(open_, done, _top, by_hint)),
     ("", lambda open_, decided: order.settle(open_, decided, ck, _top, by_hint)),
     ("closure: ", closing),
@@ -252,12 +250,19 @@ def _settle(
 
 
 def _conflicts(
-  picked: dict[str, Candidate], proposals: dict[str, Proposal], hinted: frozenset[str]
+  picked: dict[str, Candidate],
+  proposals: dict[str, Proposal],
+  hinted: frozenset[str],
+  ranked: dict[str, list[Candidate]],
 ) -> dict[str, str]:
-  """Leaves of one module from different checkpoint modules, layers that chose differently:
-  each undecided-by-hint leaf involved is refused (a hint is the user's word)."""
+  """Leaves of one module from different checkpoint modules, layers offered the same choices
+  that chose differently: each undecided-by-hint leaf involved is refused (a hint is the
+  user's word)."""
   decided = _decided(picked, proposals)
-  found = {**coherence.layer_conflicts(decided), **coherence.module_conflicts(decided)}
+  found = {
+    **coherence.layer_conflicts(decided, coherence.offered_by(ranked)),
+    **coherence.module_conflicts(decided),
+  }
   return {n: p for n, p in found.items() if n in picked and n not in hinted}
 
 
@@ -477,20 +482,3 @@ def _absent(slot: Any, ck: evidence.Checkpoint) -> str:
 def names(problem: str, name: str) -> bool:
   """Whether ``problem`` is about ``name``."""
   return name in refusal.heads(problem)
-
-
-def cast_to_targets(
-  slots: list[Any], proposals: dict[str, Proposal], source: CheckpointSource
-) -> None:
-  """A stored dtype other than the parameter's becomes an explicit, reported cast (a recipe
-  given as a hint is used as given; a name hint's tensor is cast like any other)."""
-  for slot in slots:
-    p = proposals.get(slot.name)
-    if p is None or p.recipe is None or p.reason == "hint":
-      continue
-    want = np.dtype(slot.dtype)
-    if inference.infer(p.recipe, source).dtype != want:
-      recipe = ops.cast(p.recipe, want)
-      proposals[slot.name] = dataclasses.replace(
-        p, recipe=recipe, reason=f"{p.reason}, cast to {want.name}"
-      )

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src.match import axes
@@ -239,7 +241,7 @@ def _decide(
   decide.tie_heads(
     slots, ranked, proposals, problems, ck, [k for k in ck.concepts if k not in used]
   )
-  decide.cast_to_targets(slots, proposals, source)
+  _cast_to_targets(slots, proposals, source)
   # the leaves of stacks not given their layers: the one problem is which layers they hold
   problems = [
     x
@@ -373,3 +375,20 @@ def _read_checkpoint(
   ck.convention, ck.convention_by, ck.other_relation, ck.conflict = orientation
   shares_lib.split_layers(slots, ck, shares or {})
   return ck
+
+
+def _cast_to_targets(
+  slots: list[Any], proposals: dict[str, Proposal], source: source_lib.CheckpointSource
+) -> None:
+  """A stored dtype other than the parameter's becomes an explicit, reported cast (a recipe
+  given as a hint is used as given; a name hint's tensor is cast like any other)."""
+  for slot in slots:
+    p = proposals.get(slot.name)
+    if p is None or p.recipe is None or p.reason == "hint":
+      continue
+    want = np.dtype(slot.dtype)
+    if inference.infer(p.recipe, source).dtype != want:
+      recipe = ops.cast(p.recipe, want)
+      proposals[slot.name] = dataclasses.replace(
+        p, recipe=recipe, reason=f"{p.reason}, cast to {want.name}"
+      )

@@ -85,7 +85,10 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "in_proj_weight": ("qkv", "w"),  # torch's nn.MultiheadAttention: q, k, v rows in one
   "in_proj_bias": ("qkv", "b"),
   # mlp
-  **{w: ("mlp",) for w in ("mlp", "ffn", "ffw", "feed_forward", "feedforward", "densereludense")},
+  **{
+    w: ("mlp",)
+    for w in ("mlp", "ffn", "ffw", "ff", "feed_forward", "feedforward", "densereludense")
+  },  # ff: Jamba's pre_ff_layernorm, diffusers' ff.net
   **{w: ("gate",) for w in ("gate", "gate_proj", "w1")},
   **{w: ("up",) for w in ("up", "up_proj", "w3", "fc1", "fc_in", "c_fc", "lin1", "dense_h_to_4h")},
   **{w: ("down",) for w in ("down", "down_proj", "w2", "fc2", "fc_out", "lin2", "dense_4h_to_h")},
