@@ -535,6 +535,13 @@ MUTATIONS = (
     "      kinds.setdefault(None, []).append(n)\n",
     ("tests/test_match_unseen.py", "-k", "efficientnet"),
   ),
+  Mutation(
+    "a bias stored apart from its weight read as another module",
+    "paramreg_jax/_src/match/coherence.py",
+    "  return frozenset(_as_concept(checkpoint_module(k)) for k in keys)\n",
+    "  return frozenset(checkpoint_module(k) for k in keys)\n",
+    ("tests/test_match_unseen.py", "-k", "videomae"),
+  ),
 )
 
 

@@ -4,7 +4,7 @@ Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: Con
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
-EfficientNet, RWKV, Jamba, Gemma 3, BLIP, and a diffusion VAE, UNet and
+EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -292,6 +292,15 @@ CASES = {
       mamba_expand=2,
       mamba_dt_rank=4,
       use_mamba_kernels=False,
+    )
+  ),
+  # VideoMAE: a Conv3d tubelet embedding, a query and a value bias apart from their weights
+  "videomae": lambda: tf.VideoMAEModel(
+    tf.VideoMAEConfig(
+      **{**_VISION, "image_size": 16},
+      num_frames=4,
+      tubelet_size=2,
+      use_mean_pooling=False,
     )
   ),
   # BLIP: a vision tower (fused qkv) and a text tower with cross-attention, three norms a layer

@@ -1892,6 +1892,45 @@ def jamba_nnx():
   }
 
 
+def videomae_nnx():
+  """VideoMAE in NNX lists: a ``Conv3d`` tubelet embedding (``[out, in, t, h, w]`` into
+  flax's ``[t, h, w, in, out]``) and the attention's query and value biases stored apart
+  from their weights (``attention.q_bias`` beside ``attention.query.weight``: one module)."""
+  c = ld("videomae")
+  blocks = []
+  for i in range(2):
+    q = f"encoder.layer.{i}."
+    a = q + "attention.attention."
+    blocks.append(
+      {
+        "norm1": _norm(c, q + "layernorm_before"),
+        "attn": {
+          "q": {
+            "kernel": heads_in(c[a + "query.weight"], 4),
+            "bias": c[a + "q_bias"].reshape(4, -1),
+          },
+          "k": {"kernel": heads_in(c[a + "key.weight"], 4)},
+          "v": {
+            "kernel": heads_in(c[a + "value.weight"], 4),
+            "bias": c[a + "v_bias"].reshape(4, -1),
+          },
+          "o": _linear(c, q + "attention.output.dense", 4, out=True),
+        },
+        "norm2": _norm(c, q + "layernorm_after"),
+        "mlp": {"fc1": _linear(c, q + "intermediate.dense"), "fc2": _linear(c, q + "output.dense")},
+      }
+    )
+  p = "embeddings.patch_embeddings.projection."
+  return "videomae", {
+    "patch_embed": {
+      "kernel": np.ascontiguousarray(c[p + "weight"].transpose(2, 3, 4, 1, 0)),
+      "bias": c[p + "bias"],
+    },
+    "blocks": blocks,
+    "norm": _norm(c, "layernorm"),
+  }
+
+
 def gemma3_nnx():
   """Gemma 3 stacked by ``nnx.scan`` in the gemma library's words: four norms a layer
   (``pre_attention_norm`` .. ``post_ffw_norm``) and ``query_norm``/``key_norm``."""
@@ -2004,6 +2043,7 @@ MAPPED = {
     efficientnet_flax_auto,
     rwkv_flax,
     jamba_nnx,
+    videomae_nnx,
     gemma3_nnx,
     blip_scanned,
     pixart_flax_linen,
@@ -2093,6 +2133,7 @@ WITHOUT_CONFIG = (
   "efficientnet_flax_auto",
   "rwkv_flax",
   "jamba_nnx",
+  "videomae_nnx",
   "gemma3_nnx",
   "blip_scanned",
   "pixart_flax_linen",

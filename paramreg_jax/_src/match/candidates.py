@@ -42,6 +42,8 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     out.append(("same", lambda r: r))
   if len(src) == 4 and dst == (src[2], src[3], src[1], src[0]) and src != dst:
     out.append(("conv", lambda r: ops.transpose(r, (2, 3, 1, 0))))  # OIHW -> HWIO
+  if len(src) == 5 and dst == (*src[2:], src[1], src[0]) and src != dst:
+    out.append(("conv3d", lambda r: ops.transpose(r, (2, 3, 4, 1, 0))))  # OIDHW -> DHWIO
   if len(src) == 3 and dst == (src[2], src[1], src[0]) and src != dst:
     out.append(("conv1d", lambda r: ops.transpose(r, (2, 1, 0))))  # Conv1d OIK -> flax KIO
   if linear and len(src) == 2 and src[::-1] == dst:
@@ -132,7 +134,7 @@ def _values(c: Candidate) -> tuple[tuple[str, ...], str]:
   """What a candidate of one tensor holds: its key and how its values are reordered (a
   transpose, a conv layout; a reshape, or a stack of one, keeps their order)."""
   how = c.reason.partition(", stacked ")[0]
-  return c.keys, " ".join(w for w in ("transpose", "OIHW", "OIK") if w in how)
+  return c.keys, " ".join(w for w in ("transpose", "OIHW", "OIDHW", "OIK") if w in how)
 
 
 def _per_expert(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
@@ -404,6 +406,7 @@ _REASONS = {
   "heads": "name + heads reshaped",
   "t+heads": "name + transpose + heads reshaped",
   "conv": "name + conv kernel OIHW -> HWIO",
+  "conv3d": "name + conv kernel OIDHW -> DHWIO",
   "conv1d": "name + conv kernel OIK -> KIO",
 }
 
@@ -416,7 +419,7 @@ def _oriented(
   if len(src) == 3 and "experts" in sc.tokens:
     src = src[1:]
   if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
-    return how in ("same", "heads", "conv", "conv1d", "table-t")
+    return how in ("same", "heads", "conv", "conv3d", "conv1d", "table-t")
   if convention == "conflict":
     return False  # the evidence disagrees: no linear weight is oriented by guess
   if convention is None:

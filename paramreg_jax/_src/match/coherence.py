@@ -95,7 +95,23 @@ _SIBLING_KIND = re.compile(r"_(bias|weight)$", re.IGNORECASE)
 
 
 def modules(keys: Iterable[str]) -> frozenset[str]:
-  return frozenset(checkpoint_module(k) for k in keys)
+  """The checkpoint modules of ``keys``, each module's own word read as its concept: BEiT's
+  and VideoMAE's ``attention.q_bias`` is the bias of ``attention.query``.
+
+  Examples:
+    >>> modules(["a.attention.q_bias"]) == modules(["a.attention.query.weight"])
+    True
+    >>> modules(["a.attention.q_bias"]) == modules(["a.attention.key.weight"])
+    False
+  """
+  return frozenset(_as_concept(checkpoint_module(k)) for k in keys)
+
+
+@functools.lru_cache(maxsize=65536)
+def _as_concept(module: str) -> str:
+  parent, _, last = module.rpartition(".")
+  tokens = vocabulary.concepts(last).tokens - {"w", "b"} if vocabulary.known(last) else None
+  return f"{parent}.<{'+'.join(sorted(tokens))}>" if tokens else module
 
 
 def template(name: str) -> str:
