@@ -263,3 +263,32 @@ def test_outside_the_layers_two_norms_left_in_the_module_decide_nothing():
   with pytest.raises(prj.MatchError) as e:
     prj.match(_stem_target(), MemorySource(ck))
   assert "stem/1/scale" in str(e.value)
+
+
+def test_a_norm_in_the_unit_its_conv_came_from_takes_its_best_named_tensor():
+  """``top/conv`` came from ``net.conv_1x1.convolution`` by its shape, so ``top`` is the unit
+  ``net.conv_1x1``: its norm, named like nothing in the checkpoint, takes the best named of
+  the unit's tensors of its shape (``weight`` for ``scale``, not ``running_mean``), where
+  closure cannot pair the unit (its statistics are left over: the target keeps none)."""
+  rng = np.random.default_rng(0)
+  shapes = {
+    "net.conv_1x1.convolution.weight": (16, 8, 1, 1),
+    **{
+      f"net.conv_1x1.normalization.{k}": (16,)
+      for k in ("weight", "bias", "running_mean", "running_var")
+    },
+    "net.first.convolution.weight": (8, 3, 3, 3),
+    "net.first.normalization.weight": (8,),
+    "net.first.normalization.bias": (8,),
+  }
+  ck = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+  def unit(c, i, o):
+    return {"conv": {"kernel": _sds(c, c, i, o)}, "bn": {"scale": _sds(o), "bias": _sds(o)}}
+
+  target = {"stem": unit(3, 3, 8), "top": unit(1, 8, 16)}
+  m = prj.match(target, MemorySource(ck))
+  assert {t: why for t, _, why in m.rows()}["top/bn/scale"] == "name, beside top/conv/kernel"
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  np.testing.assert_array_equal(got["top"]["bn"]["scale"], ck["net.conv_1x1.normalization.weight"])
+  np.testing.assert_array_equal(got["top"]["bn"]["bias"], ck["net.conv_1x1.normalization.bias"])

@@ -601,6 +601,44 @@ def test_haiku_module_paths_read_as_any_other_path(name, named, tmp_path):
   assert choices == 0 or (named == "auto-named" and name in _ASKED_WITHOUT_NAMES), choices
 
 
+def test_batch_statistics_the_target_lacks_are_named_with_where_they_go():
+  """A target with a batch norm's scale and bias but not its running statistics (an equinox
+  model, whose statistics live in its ``State``): no layer is missing, the statistics are,
+  and the refusal says where a model keeps them; adding them as ``batch_stats`` restores."""
+  ck = {}
+  for i in (0, 1):
+    ck[f"layer.{i}.conv.weight"] = rng.standard_normal((8, 4, 1, 1)).astype(np.float32)
+    for leaf in ("weight", "bias", "running_mean", "running_var"):
+      ck[f"layer.{i}.norm.{leaf}"] = rng.standard_normal(8).astype(np.float32)
+  params = {
+    f"layers_{i}": {
+      "conv": {"kernel": _sds((1, 1, 4, 8))},
+      "norm": {"scale": _sds((8,)), "bias": _sds((8,))},
+    }
+    for i in (0, 1)
+  }
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(params, MemorySource(ck))
+  (problem,) = e.value.problems
+  assert problem == (
+    "the checkpoint has batch-norm statistics the target has no leaf for (4): "
+    "layer.0.norm.running_mean, layer.0.norm.running_var, layer.1.norm.running_mean, "
+    "layer.1.norm.running_var; a batch norm restored without them computes another function in "
+    "inference: add them to the target where the model keeps them (flax's batch_stats "
+    "collection beside params, {'params': ..., 'batch_stats': ...}; equinox's eqx.nn.State, as "
+    "a tree of its arrays)"
+  )
+  stats = {f"layers_{i}": {"norm": {"mean": _sds((8,)), "var": _sds((8,))}} for i in (0, 1)}
+  target = {"params": params, "batch_stats": stats}
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  np.testing.assert_array_equal(
+    got["batch_stats"]["layers_1"]["norm"]["var"], ck["layer.1.norm.running_var"]
+  )
+  np.testing.assert_array_equal(
+    got["params"]["layers_1"]["norm"]["scale"], ck["layer.1.norm.weight"]
+  )
+
+
 def test_a_parameter_the_checkpoint_lacks_is_told_to_restore_the_rest_and_the_advice_works():
   """A pretrained backbone under a new classifier head: nothing in the checkpoint has the
   head's shapes. The refusal says so, names the module to leave out, and the target without

@@ -1740,6 +1740,31 @@ def mobilenet_nnx():
   }
 
 
+def mobilenet_lists():
+  """MobileNetV2 as equinox-style lists keep it: torch's layouts (``[out, in, h, w]``), each
+  block a list of its three units (``blocks/3/1/conv/weight`` is block 3's depthwise unit:
+  over layers of one number the inner list is the block's sequence, not a stage's blocks),
+  and the head's norm named only by the unit its conv came from (``head/bn`` beside
+  ``conv_1x1.convolution``)."""
+  c, m = ld("mobilenet_v2"), "mobilenet_v2."
+
+  def unit(q):
+    n = q + ".normalization."
+    stats = {"mean": c[n + "running_mean"], "var": c[n + "running_var"]}
+    return {
+      "conv": {"weight": c[q + ".convolution.weight"]},
+      "bn": {"weight": c[n + "weight"], "bias": c[n + "bias"], **stats},
+    }
+
+  parts = ("expand_1x1", "conv_3x3", "reduce_1x1")
+  return "mobilenet_v2", {
+    "stem": [unit(f"{m}conv_stem.{k}") for k in ("first_conv", "conv_3x3", "reduce_1x1")],
+    "blocks": [[unit(f"{m}layer.{i}.{k}") for k in parts] for i in range(16)],
+    "head": unit(m + "conv_1x1"),
+    "classifier": {"weight": c["classifier.weight"], "bias": c["classifier.bias"]},
+  }
+
+
 def mobilenet_flax_auto():
   """MobileNetV2 as a linen ``@nn.compact`` writes it: ``InvertedResidual_0`` .. ``_15``, each
   ``Conv_0``..``Conv_2`` and ``BatchNorm_0``..``BatchNorm_2`` in call order, the statistics
@@ -2040,6 +2065,7 @@ MAPPED = {
     vit_mae_scanned,
     mobilenet_nnx,
     mobilenet_flax_auto,
+    mobilenet_lists,
     efficientnet_flax_auto,
     rwkv_flax,
     jamba_nnx,
@@ -2130,6 +2156,7 @@ WITHOUT_CONFIG = (
   "vit_mae_scanned",
   "mobilenet_nnx",
   "mobilenet_flax_auto",
+  "mobilenet_lists",
   "efficientnet_flax_auto",
   "rwkv_flax",
   "jamba_nnx",

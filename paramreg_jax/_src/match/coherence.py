@@ -220,8 +220,14 @@ def settle_by_subtree(
       for c in every
       if not any(_components(m)[: len(t)] == t for m in modules(c.keys) for t in taken)
     ]
-    if len(depth) < 2 or len({d for d, _ in depth}) < 2:
-      continue  # nothing outside the subtree: it narrows nothing
+    if len({d for d, _ in depth}) < 2:
+      # nothing outside to narrow away; where every candidate is of one module beside the
+      # decided leaves' in their unit (a conv's unit: the norm beside it; not a layer, whose
+      # modules are many), it is that module's best named tensor, as in module coherence
+      pick = _best_named([c for _, c in depth])
+      if pick is not None and _beside_in_unit(depth, taken):
+        out[name] = (pick, sorted(anchors)[0])
+      continue
     best = max(d for d, _ in depth)
     inside = top([c for d, c in depth if d == best])  # the best names among them
     if len(inside) != 1:
@@ -235,6 +241,26 @@ def settle_by_subtree(
     if rivals and not inside_too:
       out[name] = (pick, sorted(anchors)[0])
   return out
+
+
+def _beside_in_unit(depth: list[tuple[int, Candidate]], taken: set[tuple[str, ...]]) -> bool:
+  """Whether the candidates are all of one checkpoint module, in the unit (below a layer's
+  number and the model's own prefix) that holds the decided leaves' modules."""
+  units = {t[:-1] for t in taken}
+  owners = {modules(c.keys) for _, c in depth}
+  if len(units) != 1 or len(owners) != 1:
+    return False
+  (unit,) = units
+  (owner,) = owners
+  inside = all(_components(m)[:-1] == unit for m in owner)
+  return inside and len(unit) >= 2 and unit[-1] != "#"
+
+
+def _best_named(cands: list[Candidate]) -> Candidate | None:
+  """The one candidate named better than every other (``cands`` best first), or None."""
+  if not cands or (len(cands) > 1 and cands[1].score >= cands[0].score):
+    return None
+  return cands[0]
 
 
 def _nearest_decided(module: str, decided: Mapping[str, tuple[str, ...]]) -> list[str]:

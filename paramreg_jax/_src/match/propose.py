@@ -315,6 +315,14 @@ def _unused_layers(ignored: list[str], ck: evidence.Checkpoint) -> list[str]:
   if not layer_keys:
     return []
   extra = sorted({ck.concepts[k].indices for k in layer_keys})
+  if all(ck.concepts[k].tokens & {"mean", "var"} for k in layer_keys):
+    return [
+      f"the checkpoint has batch-norm statistics the target has no leaf for "
+      f"({len(layer_keys)}): {', '.join(layer_keys[:4])}{', ...' if len(layer_keys) > 4 else ''}"
+      "; a batch norm restored without them computes another function in inference: add them "
+      "to the target where the model keeps them (flax's batch_stats collection beside params, "
+      "{'params': ..., 'batch_stats': ...}; equinox's eqx.nn.State, as a tree of its arrays)"
+    ]
   return [
     f"the checkpoint has layer tensors the target does not use ({len(layer_keys)}, at "
     f"{', '.join(str(list(i)) for i in extra[:6])}): {', '.join(layer_keys[:4])}"
@@ -366,7 +374,11 @@ def _read_checkpoint(
   evidence.norm_roles(folded, facts)
   evidence.fused_inputs(folded, shapes)
   ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
-  ck.listed = numbering.lists_of_lists([s.name for s in slots])
+  # a target's list of lists numbers layers only where the checkpoint's layers have two
+  # numbers too (a stage's and a block's); over layers of one number, the inner list is the
+  # layer's own sequence of modules (equinox's ``blocks/3/1/conv``)
+  if any(len(c.indices) >= 2 and not c.tokens & {"experts", "heads"} for c in folded.values()):
+    ck.listed = numbering.lists_of_lists([s.name for s in slots])
   ck.split_problem, ck.unsplit = grouped, unsplit
   ck.stacks = stacks.stacks(slots, ck)
   stacked = {s.name for s in slots if any(s.name.startswith(f"{p}/") for p in ck.stacks)}
