@@ -285,8 +285,15 @@ hints = {
 }"""
     in text
   )
-  assert "only the layout differs: give the recipe of the right one" in info.value.problems[0]
+  assert (
+    "only the layout differs: nothing here says whether the checkpoint keeps its linear "
+    "weights [out, in] (torch) or [in, out]; pass its config.json (match(..., config=...)), "
+    "which says it for every weight at once, or give the recipe of the right one as the hint"
+  ) in info.value.problems[0]
   assert "choose the first" not in text  # list order is no evidence
+  # and the advice works: a Hugging Face config says [out, in] for every linear weight
+  m = prj.match({"attn": {"q": {"kernel": sds((4, 4))}}}, src, config={"model_type": "llama"})
+  assert m.rows()[0][1] == "transpose(source('attn.q.weight'), (1, 0))"
 
 
 # --- the real all-MiniLM-L6-v2 into a BERT written with flax's own modules ---------------------

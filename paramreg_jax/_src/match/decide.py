@@ -334,7 +334,13 @@ def ambiguous(name: str, cands: list[Candidate], lead: str = "") -> str:
   shown_ = min(len(top), _LISTED) + len(rest[: max(0, _LISTED - len(top))])
   if len(cands) > shown_:
     lines.append(f"      ... and {len(cands) - shown_} more")
-  if len({c.keys for c in top}) == 1:
+  if len({c.keys for c in top}) == 1 and len({"transpose" in c.reason for c in top}) == 2:
+    lines.append(
+      "    only the layout differs: nothing here says whether the checkpoint keeps its linear "
+      "weights [out, in] (torch) or [in, out]; pass its config.json (match(..., config=...)), "
+      "which says it for every weight at once, or give the recipe of the right one as the hint"
+    )
+  elif len({c.keys for c in top}) == 1:
     lines.append("    only the layout differs: give the recipe of the right one as the hint")
   else:
     lines.append(
