@@ -292,3 +292,32 @@ def test_a_norm_in_the_unit_its_conv_came_from_takes_its_best_named_tensor():
   got = prj.restore(target, MemorySource(ck), recipes=m)
   np.testing.assert_array_equal(got["top"]["bn"]["scale"], ck["net.conv_1x1.normalization.weight"])
   np.testing.assert_array_equal(got["top"]["bn"]["bias"], ck["net.conv_1x1.normalization.bias"])
+
+
+def test_haiku_module_keys_align_by_their_decided_neighbours_too():
+  """The same unit as haiku keeps it (``net/~/top/~/conv`` one escaped key): its ``/~/`` are
+  module boundaries like ``/``, so ``top`` is aligned with ``net.conv_1x1`` all the same."""
+  rng = np.random.default_rng(0)
+  shapes = {
+    "net.conv_1x1.convolution.weight": (16, 8, 1, 1),
+    **{
+      f"net.conv_1x1.normalization.{k}": (16,)
+      for k in ("weight", "bias", "running_mean", "running_var")
+    },
+    "net.first.convolution.weight": (8, 3, 3, 3),
+    "net.first.normalization.weight": (8,),
+    "net.first.normalization.bias": (8,),
+  }
+  ck = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+  target = {}
+  for unit, (c, i, o) in {"stem": (3, 3, 8), "top": (1, 8, 16)}.items():
+    target[f"net/~/{unit}/~/conv"] = {"w": _sds(c, c, i, o)}
+    target[f"net/~/{unit}/~/bn"] = {"scale": _sds(o), "offset": _sds(o)}
+  m = prj.match(target, MemorySource(ck))
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  np.testing.assert_array_equal(
+    got["net/~/top/~/bn"]["scale"], ck["net.conv_1x1.normalization.weight"]
+  )
+  np.testing.assert_array_equal(
+    got["net/~/top/~/bn"]["offset"], ck["net.conv_1x1.normalization.bias"]
+  )

@@ -1956,6 +1956,35 @@ def videomae_nnx():
   }
 
 
+def resnet_haiku():
+  """ResNet as haiku's ``hk.nets.ResNet`` names it (``res_net/~/block_group_1/~/block_0/~/
+  conv_1``, ``batchnorm_1`` with its statistics in ``batchnorm_1/~/mean_ema``'s ``average``,
+  ``shortcut_conv``), each module one escaped key: ``block_group_{s}/~/block_{b}`` is the
+  checkpoint's ``stages.{s}.layers.{b}``, whose ``layer.{j}`` is the block's ``conv_{j}``;
+  a moving average is its norm's own. Only the stem's norm is asked: nothing in the
+  checkpoint is named like ``initial_batchnorm``."""
+  c, r, p = ld("resnet"), "resnet.encoder.stages.", "res_net/~/"
+  t = {}
+
+  def unit(conv, norm, q):
+    n = q + ".normalization."
+    t[conv] = {"w": conv2(c[q + ".convolution.weight"])}
+    t[norm] = {"scale": c[n + "weight"], "offset": c[n + "bias"]}
+    t[norm + "/~/mean_ema"] = {"average": c[n + "running_mean"]}
+    t[norm + "/~/var_ema"] = {"average": c[n + "running_var"]}
+
+  unit(p + "initial_conv", p + "initial_batchnorm", "resnet.embedder.embedder")
+  for s in range(2):
+    for b in range(2):
+      q, block = f"{r}{s}.layers.{b}.", f"{p}block_group_{s}/~/block_{b}/~/"
+      for j in range(2):
+        unit(f"{block}conv_{j}", f"{block}batchnorm_{j}", f"{q}layer.{j}")
+      if q + "shortcut.convolution.weight" in c:
+        unit(block + "shortcut_conv", block + "shortcut_batchnorm", q + "shortcut")
+  t[p + "logits"] = {"w": T(c["classifier.1.weight"]), "b": c["classifier.1.bias"]}
+  return "resnet", t
+
+
 def gemma3_nnx():
   """Gemma 3 stacked by ``nnx.scan`` in the gemma library's words: four norms a layer
   (``pre_attention_norm`` .. ``post_ffw_norm``) and ``query_norm``/``key_norm``."""
@@ -2124,6 +2153,8 @@ ASKED = {
   "qwen3_flax_auto": (qwen3_flax_auto, 2, True),  # Mlp_0's Dense_0/Dense_1: gate and up
   # head/kernel and head/bias: the class token's classifier or the distillation token's
   "deit_timm_nnx": (deit_timm_nnx, 2, True),
+  # the stem's norm: its scale, offset and two moving averages (one module, four entries)
+  "resnet_haiku": (resnet_haiku, 4, True),
   "deit_timm_nnx, no config": (deit_timm_nnx, 2, False),
   # no config.json: nothing says how Wqkv and Wi are laid out
   "modernbert_split, no config": (modernbert_split, 2, False),

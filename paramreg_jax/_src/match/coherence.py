@@ -51,8 +51,19 @@ _PARTS = re.compile(r"([./]|~1)")  # ~1: an escaped "/" inside a component (haik
 
 
 def target_module(name: str) -> str | None:
-  """``layers/0/attn/o`` for ``layers/0/attn/o/kernel``; None for a leaf named for itself."""
+  """``layers/0/attn/o`` for ``layers/0/attn/o/kernel``; None for a leaf named for itself. A
+  haiku batch norm keeps its statistics in moving averages under it
+  (``bn/~/mean_ema/average``): they are the norm's own.
+
+  Examples:
+    >>> target_module("net/~/bn_0/~/mean_ema/average") == target_module("net/~/bn_0/scale")
+    True
+  """
   head, _, last = name.rpartition("/")
+  if last == "average":
+    for ema in ("/~/mean_ema", "/~/var_ema", "~1~0~1mean_ema", "~1~0~1var_ema"):
+      if head.endswith(ema):
+        return head[: -len(ema)]
   return head if head and last.lower() in KIND_WORDS else None
 
 
@@ -209,7 +220,9 @@ def settle_by_subtree(
     module = target_module(name) or name  # a bare leaf (time_mix_k) is a module of its own
     if not module:
       continue
-    anchors = _nearest_decided(module, {n: k for n, k in decided.items() if n not in hinted})
+    anchors = _nearest_decided(
+      _unescaped(module), {_unescaped(n): n for n, k in decided.items() if k and n not in hinted}
+    )
     if not anchors:
       continue
     keys = [_components(k) for a in anchors for k in decided[a]]
@@ -263,16 +276,26 @@ def _best_named(cands: list[Candidate]) -> Candidate | None:
   return cands[0]
 
 
-def _nearest_decided(module: str, decided: Mapping[str, tuple[str, ...]]) -> list[str]:
-  """The decided leaves under the nearest module enclosing ``module`` that has any (not the
-  whole model: at the top, everything encloses everything)."""
+def _nearest_decided(module: str, decided: Mapping[str, str]) -> list[str]:
+  """The decided leaves (``{path: name}``) under the nearest module enclosing ``module`` that
+  has any, below a layer (not the whole model, nor a layer: they enclose every kind of
+  module, and the ones decided first say little of where the rest are)."""
   parts = module.split("/")
   for up in range(len(parts) - 1, 0, -1):
-    prefix = "/".join(parts[:up]) + "/"
-    found = [n for n, keys in decided.items() if keys and n.startswith(prefix)]
+    here, outer = "/".join(parts[:up]), "/".join(parts[: up - 1])
+    if vocabulary.concepts(here).indices != vocabulary.concepts(outer).indices:
+      return []  # a layer (its number just read): above the modules of one unit
+    prefix = here + "/"
+    found = [n for path, n in decided.items() if path.startswith(prefix)]
     if found:
       return found
   return []
+
+
+def _unescaped(name: str) -> str:
+  """A target name with haiku's ``/~/`` module separators (escaped in one key: ``~1~0~1``) as
+  plain ones: ``net~1~0~1initial_batchnorm/scale`` is ``net/initial_batchnorm/scale``."""
+  return name.replace("~1~0~1", "/").replace("/~/", "/")
 
 
 def _components(key: str) -> tuple[str, ...]:

@@ -69,15 +69,15 @@ def across_stages(
     >>> out["stages.1.layers.0.conv.weight"].indices, pairs[2]
     ((2,), ('2', '(1, 0)'))
   """
-  blocks: dict[int, list[tuple[int, ...]]] = {}
+  blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
   for name, shape in targets:
-    indices = concepts(name).indices
-    if len(indices) > 1:
-      return folded, ()
-    if indices:
-      blocks.setdefault(indices[0], []).append(shape)
-  n = len(blocks)
-  if n < 2 or sorted(blocks) != list(range(n)):
+    if indices := concepts(name).indices:
+      blocks.setdefault(indices, []).append(shape)
+  ours = sorted(blocks)
+  depth = {len(i) for i in ours}
+  if len(ours) < 2 or len(depth) != 1 or not depth <= {1, 2}:
+    return folded, ()
+  if depth == {1} and ours != [(j,) for j in range(len(ours))]:
     return folded, ()
   numbered = {k: c for k, c in folded.items() if c.indices}
   if not numbered or any(
@@ -85,22 +85,27 @@ def across_stages(
   ):
     return folded, ()
   theirs = sorted({c.indices[:2] for c in numbered.values()})
-  if len(theirs) != n:
-    return folded, ()
+  below = any(len(c.indices) > 2 for c in numbered.values())
+  if len(theirs) != len(ours) or (depth == {2} and theirs == ours and not below):
+    return folded, ()  # (a stage's blocks numbered alike on both sides: nothing to read)
   rank = {pair: i for i, pair in enumerate(theirs)}
   under: dict[int, list[int]] = {}
   for k, c in numbered.items():
     under.setdefault(rank[c.indices[:2]], []).append(math.prod(shapes[k]))
-  for i, shapes_of_block in blocks.items():
-    want = collections.Counter(math.prod(s) for s in shapes_of_block)
+  for i, block in enumerate(ours):
+    want = collections.Counter(math.prod(s) for s in blocks[block])
     if want - collections.Counter(under[i]):
       return folded, ()
   out = dict(folded)
   for k, c in numbered.items():
-    below = c.indices[2:]
-    tokens = c.tokens | {"#" + ".".join(map(str, below))} if below else c.tokens
-    out[k] = dataclasses.replace(c, indices=(rank[c.indices[:2]],), tokens=frozenset(tokens))
-  return out, tuple((str(i), str(pair)) for i, pair in enumerate(theirs))
+    rest = c.indices[2:]
+    tokens = c.tokens | {"#" + ".".join(map(str, rest))} if rest else c.tokens
+    out[k] = dataclasses.replace(c, indices=ours[rank[c.indices[:2]]], tokens=frozenset(tokens))
+  return out, tuple((_said(ours[i]), str(pair)) for i, pair in enumerate(theirs))
+
+
+def _said(block: tuple[int, ...]) -> str:
+  return str(block[0]) if len(block) == 1 else str(block)
 
 
 # two numbers in a row (``block.0.1``): is any name a list of lists?

@@ -133,8 +133,9 @@ _WORDS: dict[str, tuple[str, ...]] = {
   # norm, ``downsample.0``/``.1``); a stage's downsampling (timm's ConvNeXt, Swin's patch
   # merging) is a projection as well
   **{w: ("proj",) for w in ("downsample", "downsampling")},
-  **{w: ("mean",) for w in ("running_mean", "moving_mean")},
-  **{w: ("var",) for w in ("running_var", "moving_var", "moving_variance", "variance")},
+  **{w: ("mean",) for w in ("running_mean", "moving_mean", "mean_ema")},  # haiku: mean_ema
+  **{w: ("var",) for w in ("running_var", "moving_var", "moving_variance", "variance", "var_ema")},
+  "average": ("w",),  # haiku's ExponentialMovingAverage keeps its value as ``average``
   "input_layernorm": ("attn", "norm"),
   "post_attention_layernorm": ("mlp", "norm"),  # Llama: the norm before the MLP
   "pre_feedforward_layernorm": ("mlp", "norm"),
@@ -331,7 +332,7 @@ _PLACED = re.compile(r"^([a-z]{2,}?)(\d+)$")
 # ``InvertedResidual_3``, a ResNet's ``Bottleneck_2``): its number is a layer's, unless the
 # class is named for a part of a layer (``MlpBlock_0``, ``AttentionBlock_0``, ``MoeBlock_0``)
 _BLOCK_CLASS = re.compile(
-  r"^([a-z][a-z0-9_]*?|)_?(layers|layer|blocks|block|stages|stage|residual|bottleneck)_(\d+)$"
+  r"^([a-z][a-z0-9_]*?|)_?(layers|layer|blocks|block|stages|stage|group|residual|bottleneck)_(\d+)$"
 )
 
 
@@ -348,6 +349,8 @@ def _container(word: str, in_layer: bool = False) -> tuple[str, ...] | None:
   if not m or word.rsplit("_", 1)[0] in _WORDS:
     return None
   pre = m.group(1)
+  if _WORDS.get(pre) == ("layers",):  # haiku's ResNet: block_group_1, a stage of blocks
+    return ("layers",)
   if _WORDS.get(pre) or (in_layer and _part_of_layer(pre)):  # MlpBlock_0: a layer's part
     return None
   if "_" in word[len(pre) : len(pre) + 1] or pre in ("encoder", "decoder"):
