@@ -265,11 +265,9 @@ def test_outside_the_layers_two_norms_left_in_the_module_decide_nothing():
   assert "stem/1/scale" in str(e.value)
 
 
-def test_a_norm_in_the_unit_its_conv_came_from_takes_its_best_named_tensor():
-  """``top/conv`` came from ``net.conv_1x1.convolution`` by its shape, so ``top`` is the unit
-  ``net.conv_1x1``: its norm, named like nothing in the checkpoint, takes the best named of
-  the unit's tensors of its shape (``weight`` for ``scale``, not ``running_mean``), where
-  closure cannot pair the unit (its statistics are left over: the target keeps none)."""
+def _units():
+  """A stem and a head, each a unit of a conv and its norm (``net.conv_1x1.convolution`` and
+  ``.normalization``, with running statistics no target below keeps)."""
   rng = np.random.default_rng(0)
   shapes = {
     "net.conv_1x1.convolution.weight": (16, 8, 1, 1),
@@ -281,7 +279,15 @@ def test_a_norm_in_the_unit_its_conv_came_from_takes_its_best_named_tensor():
     "net.first.normalization.weight": (8,),
     "net.first.normalization.bias": (8,),
   }
-  ck = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+  return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def test_a_norm_in_the_unit_its_conv_came_from_takes_its_best_named_tensor():
+  """``top/conv`` came from ``net.conv_1x1.convolution`` by its shape, so ``top`` is the unit
+  ``net.conv_1x1``: its norm, named like nothing in the checkpoint, takes the best named of
+  the unit's tensors of its shape (``weight`` for ``scale``, not ``running_mean``), where
+  closure cannot pair the unit (its statistics are left over: the target keeps none)."""
+  ck = _units()
 
   def unit(c, i, o):
     return {"conv": {"kernel": _sds(c, c, i, o)}, "bn": {"scale": _sds(o), "bias": _sds(o)}}
@@ -297,18 +303,7 @@ def test_a_norm_in_the_unit_its_conv_came_from_takes_its_best_named_tensor():
 def test_haiku_module_keys_align_by_their_decided_neighbours_too():
   """The same unit as haiku keeps it (``net/~/top/~/conv`` one escaped key): its ``/~/`` are
   module boundaries like ``/``, so ``top`` is aligned with ``net.conv_1x1`` all the same."""
-  rng = np.random.default_rng(0)
-  shapes = {
-    "net.conv_1x1.convolution.weight": (16, 8, 1, 1),
-    **{
-      f"net.conv_1x1.normalization.{k}": (16,)
-      for k in ("weight", "bias", "running_mean", "running_var")
-    },
-    "net.first.convolution.weight": (8, 3, 3, 3),
-    "net.first.normalization.weight": (8,),
-    "net.first.normalization.bias": (8,),
-  }
-  ck = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+  ck = _units()
   target = {}
   for unit, (c, i, o) in {"stem": (3, 3, 8), "top": (1, 8, 16)}.items():
     target[f"net/~/{unit}/~/conv"] = {"w": _sds(c, c, i, o)}
