@@ -556,6 +556,13 @@ MUTATIONS = (
     "  if len(ours) < 2 or len(depth) != 1 or not depth <= {1}:\n",
     ("tests/test_match_unseen.py", "-k", "resnet_haiku"),
   ),
+  Mutation(
+    "a module's bias asked apart from its weight",
+    "paramreg_jax/_src/match/refusal.py",
+    "  out = _grouped(_followed(singles, ranked), frozenset(by_name))\n",
+    "  out = _grouped(singles, frozenset(by_name))\n",
+    ("tests/test_match_unseen.py", "-k", "deit"),
+  ),
 )
 
 

@@ -2151,11 +2151,11 @@ MAPPED = {
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
 ASKED = {
   "qwen3_flax_auto": (qwen3_flax_auto, 2, True),  # Mlp_0's Dense_0/Dense_1: gate and up
-  # head/kernel and head/bias: the class token's classifier or the distillation token's
-  "deit_timm_nnx": (deit_timm_nnx, 2, True),
-  # the stem's norm: its scale, offset and two moving averages (one module, four entries)
-  "resnet_haiku": (resnet_haiku, 4, True),
-  "deit_timm_nnx, no config": (deit_timm_nnx, 2, False),
+  # head/kernel (its bias follows): the class token's classifier or the distillation token's
+  "deit_timm_nnx": (deit_timm_nnx, 1, True),
+  "deit_timm_nnx, no config": (deit_timm_nnx, 1, False),
+  # the stem's norm, asked by its scale (its offset and moving averages follow)
+  "resnet_haiku": (resnet_haiku, 1, True),
   # no config.json: nothing says how Wqkv and Wi are laid out
   "modernbert_split, no config": (modernbert_split, 2, False),
 }

@@ -43,6 +43,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src import text_width
+from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match.candidates import Candidate
@@ -111,7 +112,7 @@ def refuse(
       singles.append(
         Problem(p, targets, {t: _choices(by_name[t], ranked, source, ck) for t in targets})
       )
-  out = _grouped(singles, frozenset(by_name))
+  out = _grouped(_followed(singles, ranked), frozenset(by_name))
   out.sort(key=lambda p: p.targets[:1])
   literal = hints_literal(out, by_name)
   leaves = sum(max(1, len(p.targets)) for p in out)
@@ -129,6 +130,69 @@ def refuse(
       "`from paramreg_jax import recipes as R`):\n" + literal
     )
   return errors.MatchError(message, tuple(out), hints_code=literal)
+
+
+# the leaf a module's other leaves follow: its weight, by the names frameworks give it
+_LEADS = ("kernel", "weight", "w", "scale", "embedding", "gamma")
+
+
+def _followed(problems: list[Problem], ranked: dict[str, list[Candidate]]) -> list[Problem]:
+  """``problems`` with each module asked once: where a module's weight is asked and its other
+  leaves (a bias, a norm's statistics) choose only among tensors of the checkpoint modules
+  the weight's choices come from, the weight's choice settles them (module coherence), so
+  they are not asked apart; the weight's problem says so.
+
+  Examples:
+    >>> import jax, numpy as np
+    >>> import paramreg_jax as prj
+    >>> ck = {f"{h}.{k}": np.ones((5, 4) if k == "weight" else (5,), np.float32)
+    ...       for h in ("cls_head", "dist_head") for k in ("weight", "bias")}
+    >>> sds = lambda *s: jax.ShapeDtypeStruct(s, np.float32)
+    >>> try:
+    ...   prj.match({"head": {"kernel": sds(4, 5), "bias": sds(5)}}, prj.MemorySource(ck))
+    ... except prj.MatchError as e:
+    ...   err = e
+    >>> [p.targets for p in err.problems]
+    [('head/kernel',)]
+    >>> "its choice settles head/bias too" in err.problems[0]
+    True
+  """
+  asked = {p.targets[0]: p for p in problems if len(p.targets) == 1 and p.choices}
+  by_module: dict[str, list[str]] = {}
+  for name in asked:
+    if (module := coherence.target_module(name)) is not None:
+      by_module.setdefault(module, []).append(name)
+  folded: dict[str, list[str]] = {}
+  for names in by_module.values():
+    leads = [n for n in names if n.rpartition("/")[2].lower() in _LEADS]
+    if len(names) < 2 or len(leads) != 1:
+      continue
+    (lead,) = leads
+    offered = _modules_offered(lead, ranked)
+    rest = [n for n in names if n != lead]
+    if offered and all(_modules_offered(n, ranked) <= offered for n in rest):
+      folded[lead] = sorted(rest)
+  gone = {n for rest in folded.values() for n in rest}
+  out = []
+  for p in problems:
+    if p.targets and p.targets[0] in gone and len(p.targets) == 1:
+      continue
+    if p.targets and p.targets[0] in folded and len(p.targets) == 1:
+      first, nl, more = str(p).partition("\n")
+      note = f"; its choice settles {', '.join(folded[p.targets[0]])} too"
+      first = first[:-1] + note + ":" if first.endswith(":") else first + note
+      p = Problem(f"{first}{nl}{more}", p.targets, p.choices)
+    out.append(p)
+  return out
+
+
+def _modules_offered(name: str, ranked: dict[str, list[Candidate]]) -> frozenset[str]:
+  return frozenset(
+    m
+    for c in distinct(ranked.get(name, []))[:_CHOICES]
+    if c.build is not None
+    for m in coherence.modules(c.keys)
+  )
 
 
 def _first_line(problem: str) -> str:
