@@ -524,7 +524,7 @@ MUTATIONS = (
   Mutation(
     "numbered norms not ordered by the units of their convs",
     "paramreg_jax/_src/match/order.py",
-    "  placed = _in_units(tensors, units)\n",
+    "  placed = _in_units(tensors, units())\n",
     "  placed = None\n",
     ("tests/test_match_unseen.py", "-k", "mobilenet_flax_auto"),
   ),

@@ -125,6 +125,7 @@ def _as_concept(module: str) -> str:
   return f"{parent}.<{'+'.join(sorted(tokens))}>" if tokens else module
 
 
+@functools.lru_cache(maxsize=262144)
 def template(name: str) -> str:
   """A name with its layer and expert numbers as ``#`` (``layers/3``, ``layers_3``,
   ``experts.7``, torchvision's stage and block ``layer2.1``: ``layer#.#``; not the ``1`` of

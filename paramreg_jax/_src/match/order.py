@@ -33,7 +33,9 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,7 +146,7 @@ def settle(
   by_evidence = {keys for name, keys in decided.items() if name not in by_hint}
   evidence = {n: k for n, k in decided.items() if n not in by_hint}
   for family, members in families.items():
-    units = _unit_ranks(family, families, evidence)
+    units = functools.cache(functools.partial(_unit_ranks, family, families, evidence))
     waiting = {n: name for n, name in members.items() if name in open_}
     if len(waiting) < 2 or len(members) != len({*members.values()}):
       continue
@@ -190,7 +192,7 @@ def _named(
 
 
 def _ranked(
-  tensors: frozenset[tuple[str, ...]], ck: Checkpoint, units: Mapping[str, int]
+  tensors: frozenset[tuple[str, ...]], ck: Checkpoint, units: Callable[[], Mapping[str, int]]
 ) -> list[tuple[tuple[str, ...], str, int]] | None:
   """``(tensor, role, rank)`` in call order, or None if any role is unknown or shared.
   Tensors named alike but for their place in a block's sequence (``#j``, from ``numbering``)
@@ -199,7 +201,7 @@ def _ranked(
   placed = _in_sequence(tensors, ck)
   if placed is not None:
     return placed
-  placed = _in_units(tensors, units)
+  placed = _in_units(tensors, units())
   if placed is not None:
     return placed
   placed = []
@@ -291,7 +293,7 @@ def _in_order(
   assigned: dict[int, tuple[tuple[str, ...], str, int]],
   decided: Mapping[str, tuple[str, ...]],
   ck: Checkpoint,
-  units: Mapping[str, int],
+  units: Callable[[], Mapping[str, int]],
 ) -> bool:
   """Whether every sibling decided by other evidence or paired now sits in call order (a
   decided one of no known role or unit leaves the order unproven)."""
@@ -304,8 +306,8 @@ def _in_order(
     if not keys:
       continue  # still open: it contradicts nothing
     r = _role_of(keys[0], ck)
-    if r is None and units:
-      unit = units.get(_unit(keys[0]))
+    if r is None and (placed := units()):
+      unit = placed.get(_unit(keys[0]))
       r = None if unit is None else ("", unit)
     if r is None:
       return False

@@ -649,6 +649,7 @@ _KIND_WORDS = {
 }
 
 
+@functools.lru_cache(maxsize=262144)
 def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
   """Folds a checkpoint key or a target name to concepts.
 
