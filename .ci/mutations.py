@@ -305,13 +305,6 @@ MUTATIONS = (
     ("tests/test_match_unseen.py", "-k", "clip"),
   ),
   Mutation(
-    "closure: a joined stacked leaf's repeated layers stop closure",
-    "paramreg_jax/_src/match/closure.py",
-    "  layers = {_stacked_layers(decided[n], ck, depth) for n in members if n in decided}",
-    "  layers = {tuple(_layers(decided[n], ck)) for n in members if n in decided}",
-    ("tests/test_match_unseen.py", "-k", "gemma2"),
-  ),
-  Mutation(
     "candidates: a stage's stacked blocks read as one unstacked layer",
     "paramreg_jax/_src/match/candidates.py",
     "  nested = bool(n) and nested_stack(tc.name) is not None",
@@ -473,13 +466,6 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "inside_an_embedder"),
   ),
   Mutation(
-    "no closure inside a module of a layer (attn1 beside attn2)",
-    "paramreg_jax/_src/match/closure.py",
-    "  out.update(_modules_in_layers(members, open_, decided, ck, hinted, used, out))\n",
-    "",
-    ("tests/test_match_unseen.py", "-k", "pixart"),
-  ),
-  Mutation(
     "a square 1x1 conv also read as a reshape",
     "paramreg_jax/_src/match/candidates.py",
     "_reshapes(src, dst) and not out:",
@@ -500,6 +486,9 @@ MUTATIONS = (
     "  if best == 0:\n",
     ("tests/test_match_refusals.py", "-k", "still_asked"),
   ),
+  # (two closure mutations left this list when alignment by decided neighbours came: in
+  # gemma2's stacks and pixart's attn1/attn2 it decides the same tensors when closure does
+  # not, so no fixture can tell those closure defects apart any more)
   Mutation(
     "the decided neighbours' subtree not used",
     "paramreg_jax/_src/match/coherence.py",

@@ -226,13 +226,12 @@ def _stem_target():
 
 def test_a_module_outside_the_layers_closes_on_the_checkpoint_module_it_aligns_with():
   """``stem/0`` is the patch conv (its shape is the only one of its kind), so ``stem`` is
-  ``embeddings``: the norm left in it takes the norm there, not the final norm (the subtree
-  the decided ``stem/0`` aligns ``stem`` with says so before closure would)."""
+  ``embeddings``: the norm left in it takes the norm left there, not the final norm."""
   ck = _stem_like()
   target = _stem_target()
   m = prj.match(target, MemorySource(ck))
   why = {t: reason for t, _, reason in m.rows()}
-  assert "beside stem/0/" in why["stem/1/scale"]
+  assert "closure: the last tensor of embeddings that fits it" in why["stem/1/scale"]
   got = prj.restore(target, MemorySource(ck), recipes=m)
   np.testing.assert_array_equal(got["stem"][1]["scale"], ck["embeddings.layernorm.weight"])
   np.testing.assert_array_equal(got["stem"][1]["bias"], ck["embeddings.layernorm.bias"])

@@ -229,9 +229,9 @@ def _settle(
   rules = (
     ("module of ", coherence.settle_by_module),
     ("as in ", lambda open_, done: coherence.settle_by_layer(open_, done, offered)),
-    ("beside ", lambda open_, done: coherence.settle_by_subtree(open_, done, _top, by_hint)),
     ("", lambda open_, decided: order.settle(open_, decided, ck, _top, by_hint)),
     ("closure: ", closing),
+    ("beside ", lambda open_, done: coherence.settle_by_subtree(open_, done, _top, by_hint)),
   )
   for _ in range(12):
     contests.reopen()
