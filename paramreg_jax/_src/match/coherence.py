@@ -179,8 +179,8 @@ def settle_by_module(
     fits = distinct([c for c in cands if modules(c.keys) == want])
     # in one module, the name tells its parameters apart (a batch norm's ``scale`` is its
     # ``weight``, not its ``running_mean`` of the same shape)
-    if len(fits) > 1 and fits[0].score > fits[1].score:
-      fits = fits[:1]
+    if len(fits) > 1 and (best := _best_named(fits)) is not None:
+      fits = [best]
     if len(fits) == 1:
       out[name] = (fits[0], sorted(siblings[module])[0])
   return out
@@ -219,8 +219,6 @@ def settle_by_subtree(
   out = {}
   for name, cands in open_.items():
     module = target_module(name) or name  # a bare leaf (time_mix_k) is a module of its own
-    if not module:
-      continue
     anchors = _nearest_decided(
       _unescaped(module), {_unescaped(n): n for n, k in decided.items() if k and n not in hinted}
     )
