@@ -311,6 +311,32 @@ CASES = {
       projection_dim=24,
     )
   ),
+  # wav2vec 2.0 Conformer: a macaron block (two feed-forwards around attention) and a
+  # convolution module (pointwise, depthwise, batch norm, pointwise), rotary attention
+  "conformer": lambda: tf.Wav2Vec2ConformerModel(
+    tf.Wav2Vec2ConformerConfig(
+      **_TOWER,
+      conv_dim=(8, 8),
+      conv_stride=(5, 2),
+      conv_kernel=(10, 3),
+      num_conv_pos_embeddings=4,
+      num_conv_pos_embedding_groups=2,
+      conv_depthwise_kernel_size=3,
+      position_embeddings_type="rotary",
+    )
+  ),
+  # RecurrentGemma (Griffin): recurrent blocks (a gated linear recurrence, a causal conv) and
+  # local attention, alternating
+  "recurrent_gemma": lambda: tf.RecurrentGemmaForCausalLM(
+    tf.RecurrentGemmaConfig(
+      **{**_TEXT, "num_hidden_layers": 3},
+      num_key_value_heads=1,
+      lru_width=32,
+      attention_window_size=8,
+      conv1d_width=4,
+      block_types=("recurrent", "recurrent", "attention"),
+    )
+  ),
 }
 
 

@@ -99,7 +99,7 @@ def test_a_fused_qkv_of_unknown_layout_is_refused_kernels_and_biases(name, tmp_p
     assert "layers_{i}/attention/query/bias, layers_{i}/attention/key/bias" in text
   # asked once, as the fused tensor's layout (its kernels' and biases'): every layout that
   # tiles it on a line, none chosen
-  layouts = prj._src.match.evidence.LAYOUTS
+  layouts = prj._src.match.config_facts.LAYOUTS
   fits = ["contiguous", "grouped"] if name == "falcon_grouped" else list(layouts)
   ((key, lines),) = literal_entries(info.value).items()
   assert "{i}" in key and not key.endswith((".weight", ".bias"))

@@ -78,14 +78,25 @@ def test_a_pick_two_leaves_claim_is_settled_by_stronger_evidence():
   )
 
 
-def test_never_after_a_hint_in_the_block():
+def test_after_a_hint_closure_takes_only_what_the_hint_could_not_have_displaced():
+  """A hint is the user's word about its leaf, not evidence about the rest: in its block,
+  closure pairs only tensors of a kind and size no hinted tensor has (the MLP's weights
+  beside a hinted norm scale), so the hint the refusal asks for is the last word needed; a
+  wrong hint never makes the other norm's scale a pick by elimination."""
   ck = _opt_like(1)
   target = {"layers_0": _auto_named_block()}
-  hints = {"layers_0/LayerNorm_1/scale": "model.decoder.layers.0.final_layer_norm.weight"}
+  at = "model.decoder.layers.0."
+  hints = {"layers_0/LayerNorm_1/scale": at + "final_layer_norm.weight"}
+  m = prj.match(target, MemorySource(ck), config=_CONFIG, hints=hints)
+  why = {t: reason for t, _, reason in m.rows()}
+  assert "closure" in why["layers_0/mlp/Dense_0/kernel"]
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]
+  np.testing.assert_array_equal(got["LayerNorm_0"]["scale"], ck[at + "self_attn_layer_norm.weight"])
+  np.testing.assert_array_equal(got["mlp"]["Dense_0"]["kernel"], ck[at + "fc1.weight"].T)
+  wrong = {"layers_0/LayerNorm_1/scale": at + "self_attn_layer_norm.weight"}
   with pytest.raises(prj.MatchError) as e:
-    prj.match(target, MemorySource(ck), config=_CONFIG, hints=hints)
-  assert "layers_0/mlp/Dense_0/kernel" in str(e.value)
-  assert "closure" not in str(e.value)
+    prj.match(target, MemorySource(ck), config=_CONFIG, hints=wrong)
+  assert ("layers_0/LayerNorm_0/scale",) in [p.targets for p in e.value.problems]
 
 
 def test_a_leaf_the_checkpoint_lacks_stops_closure_in_its_block():

@@ -885,6 +885,30 @@ def test_a_1x1_conv_is_the_conv_layout_not_a_reshape():
   np.testing.assert_array_equal(np.asarray(got["quant_conv"]["kernel"]), w.transpose(2, 3, 1, 0))
 
 
+@pytest.mark.parametrize("rank", [3, 4])
+def test_a_1x1_conv_is_a_linear_weight_oriented_by_the_leafs_own_word(rank):
+  """A pointwise conv ``[o, i, 1]`` (a Conformer's ``pointwise_conv1``) kept as a linear layer:
+  a flax ``kernel`` is ``[i, o]``, a torch-style ``weight`` ``[o, i]``; square, both shapes
+  fit, and only the word says which (a reshape as stored read the kernel transposed)."""
+  r = np.random.default_rng(7)
+  w = r.standard_normal((8, 8) + (1,) * (rank - 2)).astype(np.float32)
+  up = r.standard_normal((16, 8) + (1,) * (rank - 2)).astype(np.float32)
+  src = prj.MemorySource({"conv.pointwise_conv2.weight": w, "conv.pointwise_conv1.weight": up})
+  for leaf, want, want_up in (
+    ("kernel", w.reshape(8, 8).T, up.reshape(16, 8).T),
+    ("weight", w.reshape(8, 8), up.reshape(16, 8)),
+  ):
+    target = {
+      "conv": {
+        "pointwise_conv2": {leaf: jax.ShapeDtypeStruct((8, 8), np.float32)},
+        "pointwise_conv1": {leaf: jax.ShapeDtypeStruct(want_up.shape, np.float32)},
+      }
+    }
+    got = prj.restore(target, src, recipes=prj.match(target, src))
+    np.testing.assert_array_equal(np.asarray(got["conv"]["pointwise_conv2"][leaf]), want)
+    np.testing.assert_array_equal(np.asarray(got["conv"]["pointwise_conv1"][leaf]), want_up)
+
+
 def test_a_square_linear_inside_an_embedder_is_oriented_like_any_linear():
   """``time_embedder/linear_2`` is a linear layer of the time embedding, not a lookup table:
   its square kernel is transposed like the rest (read as a table, it loaded as stored, a

@@ -118,7 +118,11 @@ def test_a_tower_sees_its_own_tensors_and_those_outside_every_tower():
   got = towers.views(_NAMES, ck)
   view, out, in_ = got["a/embed/embedding"]
   assert sorted(view.concepts) == ["shared.weight", "t.embed.weight", "t.layers.0.x.weight"]
-  assert (out, in_) == (concepts("a").tokens, concepts("t").tokens)
+  # its words, not a kind (a bias read with them stays a bias), nor a stack's "layers"
+  assert (out, in_) == (concepts("a").tokens - {"w"}, concepts("t").tokens - {"w"})
+  ck.towers = {"layers": "t"}  # a stack named as layers stays a stack read with "t"'s words
+  (_, out, _), *_ = towers.views(["layers/x/scale", "b/layers_0/x/scale"], ck).values()
+  assert "layers" not in out
   assert sorted(got["b/patch/kernel"][0].concepts) == [
     "shared.weight",
     "v.layers.0.x.weight",

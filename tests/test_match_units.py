@@ -11,6 +11,7 @@ import pytest
 import paramreg_jax as prj
 from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.match import coherence
+from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.vocabulary import concepts
@@ -71,15 +72,15 @@ def test_a_bare_name_is_marked_and_only_projections_are_linear():
   ],
 )
 def test_the_config_says_the_fused_layout_and_the_norm_roles(config, layout, post):
-  facts = evidence.facts_from_config(config)
+  facts = config_facts.facts_from_config(config)
   assert facts.qkv_layout == layout and facts.post_norms == post
 
 
 def test_per_head_rows_are_the_view_heads_3_head_dim():
   """GPT-NeoX/Bloom/Persimmon: ``fused.view(heads, 3, head_dim)``: q is [:, 0], k [:, 1]..."""
   h, d = 4, 2
-  facts = evidence.Facts(heads=h, kv_heads=h, head_dim=d)
-  rows = evidence.part_rows("per_head", ("q", "k", "v"), [h * d] * 3, facts)
+  facts = config_facts.Facts(heads=h, kv_heads=h, head_dim=d)
+  rows = config_facts.part_rows("per_head", ("q", "k", "v"), [h * d] * 3, facts)
   fused = np.arange(3 * h * d).reshape(h, 3, d)
   for n, part in enumerate("qkv"):
     assert rows[part] == fused[:, n, :].reshape(-1).tolist()
@@ -92,7 +93,7 @@ def test_the_router_beside_fused_experts_and_olmo2s_post_norm_take_their_roles()
     "model.layers.0.post_attention_layernorm.weight",
   ]
   folded = {k: concepts(k) for k in keys}
-  evidence.norm_roles(folded, evidence.facts_from_config({"model_type": "olmo2"}))
+  evidence.norm_roles(folded, config_facts.facts_from_config({"model_type": "olmo2"}))
   assert {"moe", "router"} <= folded[keys[0]].tokens and "gate" not in folded[keys[0]].tokens
   assert {"attn", "post", "norm"} <= folded[keys[2]].tokens
 
@@ -181,7 +182,7 @@ def test_layer_scales_weight_norms_and_torch_attention_fold_to_roles():
   assert coherence.checkpoint_module("conv.parametrizations.weight.original1") == "conv"
   assert coherence.checkpoint_module("conv.weight_g") == "conv"
   assert concepts("head.attention.in_proj_weight").tokens >= {"qkv", "w"}
-  assert evidence.layout_by_name("vision_model.head.attention.in_proj_bias") == "contiguous"
+  assert config_facts.layout_by_name("vision_model.head.attention.in_proj_bias") == "contiguous"
   assert coherence.template("DecoderLayer_3/mlp/layers/1/w") == "DecoderLayer_#/mlp/layers/1/w"
 
 
@@ -247,3 +248,43 @@ def test_an_untied_auto_named_head_takes_lm_head_only_when_the_config_says_untie
   with pytest.raises(prj.MatchError) as e:  # nothing says the head is not the embedding
     prj.match(target, prj.MemorySource(ck))
   assert "Dense_0/kernel" in str(e.value)
+
+
+def test_a_sibling_named_alike_places_a_norm_beside_its_conv_and_numbers_pair_nothing():
+  def cand(k):
+    return cand_lib.Candidate(0.5, (k,), "name", None)
+
+  block = "net/block"
+  decided = {
+    f"{block}/conv_0/w": ("stem.unit_0.conv.weight",),
+    f"{block}/shortcut_conv/w": ("stem.short.conv.weight",),
+    "net/head/w": ("fc.weight",),
+  }
+  # each norm's only candidates are the norm beside conv_0's convolution in its unit
+  open_ = {
+    f"{block}/{norm}/scale": [cand("stem.unit_0.norm.weight"), cand("stem.unit_0.norm.bias")]
+    for norm in ("batchnorm_1", "batchnorm_0", "shortcut_batchnorm")
+  }
+  # no enclosing module narrows anything: the block's decided leaves point two ways
+  got = coherence.settle_by_subtree(open_, decided, lambda c: c[:1])
+  # shortcut_batchnorm pairs with shortcut_conv (its unit is stem.short: no candidate there);
+  # batchnorm_1 shares only "batchnorm", which two siblings have: neither is paired
+  assert set(got) == set()
+  open_ = {"net/initial_bn/scale": [cand("stem.unit_0.norm.weight")]}
+  decided = {"net/initial_conv/w": ("stem.unit_0.conv.weight",), "net/head/w": ("fc.weight",)}
+  got = coherence.settle_by_subtree(open_, decided, lambda c: c[:1])
+  assert {n: (c.keys, by) for n, (c, by) in got.items()} == {
+    "net/initial_bn/scale": (("stem.unit_0.norm.weight",), "net/initial_conv/w")
+  }
+  # two of one kind are not partners: batchnorm_1 is not placed beside batchnorm_0
+  open_ = {"net/block/batchnorm_1/scale": [cand("stem.unit_0.conv.weight")]}
+  decided = {
+    "net/block/batchnorm_0/scale": ("stem.unit_0.norm.weight",),
+    "net/block/conv_1/w": ("stem.unit_1.conv.weight",),
+  }
+  assert coherence.settle_by_subtree(open_, decided, lambda c: c[:1]) == {}
+  open_ = {"net/initial_bn/scale": [cand("stem.unit_0.norm.weight")]}
+  decided = {"net/initial_conv/w": ("stem.unit_0.conv.weight",), "net/head/w": ("fc.weight",)}
+  # a third module sharing the word: "initial" names no one pair
+  decided["net/initial_pool/w"] = ("pool.weight",)
+  assert coherence.settle_by_subtree(open_, decided, lambda c: c[:1]) == {}

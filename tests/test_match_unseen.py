@@ -1961,8 +1961,8 @@ def resnet_haiku():
   conv_1``, ``batchnorm_1`` with its statistics in ``batchnorm_1/~/mean_ema``'s ``average``,
   ``shortcut_conv``), each module one escaped key: ``block_group_{s}/~/block_{b}`` is the
   checkpoint's ``stages.{s}.layers.{b}``, whose ``layer.{j}`` is the block's ``conv_{j}``;
-  a moving average is its norm's own. Only the stem's norm is asked: nothing in the
-  checkpoint is named like ``initial_batchnorm``."""
+  a moving average is its norm's own. Nothing in the checkpoint is named like
+  ``initial_batchnorm``: the norm beside ``initial_conv``'s convolution in its unit is it."""
   c, r, p = ld("resnet"), "resnet.encoder.stages.", "res_net/~/"
   t = {}
 
@@ -2088,10 +2088,216 @@ def blip_scanned():
   }
 
 
+def _conformer_front(c):
+  """A wav2vec 2.0 Conformer's feature extractor, projection, weight-normed positional conv
+  and final norm, named as an audio model's own code would (``frontend/convs/{j}``)."""
+  g = "encoder.pos_conv_embed.conv."
+  return {
+    "frontend": {
+      "convs": [
+        {"kernel": conv1(c[f"feature_extractor.conv_layers.{j}.conv.weight"])} for j in range(2)
+      ],
+      "norm": _norm(c, "feature_extractor.conv_layers.0.layer_norm"),
+    },
+    "input_projection": {
+      "ln": _norm(c, "feature_projection.layer_norm"),
+      "proj": _linear(c, "feature_projection.projection"),
+    },
+    "mask_emb": c["masked_spec_embed"],
+    "pos_conv": {
+      "Conv_0": {
+        "kernel": conv1(c[g + "parametrizations.weight.original1"]),
+        "bias": c[g + "bias"],
+      },
+      "WeightNorm_0": {
+        "Conv_0/kernel/scale": c[g + "parametrizations.weight.original0"].reshape(-1)
+      },
+    },
+    "final_ln": _norm(c, "encoder.layer_norm"),
+  }
+
+
+def _pointwise(c, k):
+  return {"kernel": np.ascontiguousarray(c[k + ".weight"][:, :, 0].T)}  # [o, i, 1] -> [i, o]
+
+
+def conformer_praxis_nnx():
+  """A Conformer named as lingvo and praxis name it, in NNX lists: ``fflayer_start`` and
+  ``fflayer_end`` (the checkpoint's ``ffn1``/``ffn2``: only their order says which),
+  ``trans_atten`` with ``post`` its output, ``lconv``'s ``linear_start``/``linear_end`` dense
+  kernels of the checkpoint's 1x1 ``pointwise_conv1``/``2`` (the second square), its
+  ``conv_norm`` a batch norm beside a layer norm, each block's ``final_ln``."""
+  c = ld("conformer")
+  layers = []
+  for i in range(2):
+    q = f"encoder.layers.{i}."
+    m, a = q + "conv_module.", q + "self_attn."
+
+    def ff(n, q=q):
+      return {
+        "ln": _norm(c, q + f"{n}_layer_norm"),
+        "ffn_layer1": _linear(c, q + f"{n}.intermediate_dense"),
+        "ffn_layer2": _linear(c, q + f"{n}.output_dense"),
+      }
+
+    names = (("query", "q"), ("key", "k"), ("value", "v"), ("post", "out"))
+    norm = {"scale": c[m + "batch_norm.weight"], "bias": c[m + "batch_norm.bias"]}
+    layers.append(
+      {
+        "fflayer_start": ff("ffn1"),
+        "trans_atten": {
+          "ln": _norm(c, q + "self_attn_layer_norm"),
+          **{t: _linear(c, a + f"linear_{s}") for t, s in names},
+        },
+        "lconv": {
+          "ln": _norm(c, m + "layer_norm"),
+          "linear_start": _pointwise(c, m + "pointwise_conv1"),
+          "depthwise_conv1d": {"kernel": conv1(c[m + "depthwise_conv.weight"])},
+          "conv_norm": {
+            **norm,
+            "mean": c[m + "batch_norm.running_mean"],
+            "var": c[m + "batch_norm.running_var"],
+          },
+          "linear_end": _pointwise(c, m + "pointwise_conv2"),
+        },
+        "fflayer_end": ff("ffn2"),
+        "final_ln": _norm(c, q + "final_layer_norm"),
+      }
+    )
+  return "conformer", {**_conformer_front(c), "layers": layers}
+
+
+def conformer_linen():
+  """The same Conformer as a linen port of NeMo's names keeps it: ``ff1``/``ff2``, ``mhsa``
+  over flax's attention (heads split), a ``conv`` module whose ``bn`` (statistics in
+  ``batch_stats``) and ``norm`` are both its norms, ``norm_out``."""
+  c = ld("conformer")
+  params, stats = _conformer_front(c), {}
+  for i in range(2):
+    q = f"encoder.layers.{i}."
+    m, a = q + "conv_module.", q + "self_attn."
+
+    def ff(n, q=q):
+      dense = (_linear(c, q + f"{n}.intermediate_dense"), _linear(c, q + f"{n}.output_dense"))
+      return {"norm": _norm(c, q + f"{n}_layer_norm"), "Dense_0": dense[0], "Dense_1": dense[1]}
+
+    attention = {n: _linear(c, a + f"linear_{n[0]}", heads=4) for n in ("query", "key", "value")}
+    attention["out"] = _linear(c, a + "linear_out", heads=4, out=True)
+    params[f"ConformerBlock_{i}"] = {
+      "ff1": ff("ffn1"),
+      "mhsa": {
+        "norm": _norm(c, q + "self_attn_layer_norm"),
+        "MultiHeadDotProductAttention_0": attention,
+      },
+      "conv": {
+        "norm": _norm(c, m + "layer_norm"),
+        "pointwise_in": {"kernel": conv1(c[m + "pointwise_conv1.weight"])},
+        "depthwise": {"kernel": conv1(c[m + "depthwise_conv.weight"])},
+        "bn": {"scale": c[m + "batch_norm.weight"], "bias": c[m + "batch_norm.bias"]},
+        "pointwise_out": {"kernel": conv1(c[m + "pointwise_conv2.weight"])},
+      },
+      "ff2": ff("ffn2"),
+      "norm_out": _norm(c, q + "final_layer_norm"),
+    }
+    bn = {"mean": c[m + "batch_norm.running_mean"], "var": c[m + "batch_norm.running_var"]}
+    stats[f"ConformerBlock_{i}"] = {"conv": {"bn": bn}}
+  return "conformer", {"params": params, "batch_stats": stats}
+
+
+def recurrent_gemma_official():
+  """RecurrentGemma as google-deepmind/recurrentgemma's JAX code keeps it: ``blocks_{i}`` with
+  a ``recurrent_block`` (``conv_1d/w`` ``[K, C]``: the checkpoint's depthwise ``[C, 1, K]``;
+  ``rg_lru``'s ``a_gate`` and ``a_param`` its ``recurrent_gate_*`` and ``recurrent_param``)
+  or an ``attention_block`` (``proj_final``), and ``mlp_block/ffw_up`` ``[2, d, f]``: the gate
+  and the up stacked (gate first), as no separate gate exists in the target."""
+  c, p = ld("recurrent_gemma"), "model.layers."
+  t = {
+    "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
+    "final_norm": {"scale": c["model.final_norm.weight"]},
+  }
+  for i, kind in enumerate(("recurrent", "recurrent", "attention")):
+    q, b = f"{p}{i}.", f"{p}{i}.temporal_block."
+    mlp = q + "mlp_block."
+    block = {
+      "temporal_pre_norm": {"scale": c[q + "temporal_pre_norm.weight"]},
+      "channel_pre_norm": {"scale": c[q + "channel_pre_norm.weight"]},
+      "mlp_block": {
+        "ffw_up": {
+          "w": np.stack([T(c[mlp + "gate_proj.weight"]), T(c[mlp + "up_proj.weight"])]),
+          "b": np.stack([c[mlp + "gate_proj.bias"], c[mlp + "up_proj.bias"]]),
+        },
+        "ffw_down": _linear(c, mlp + "down_proj"),
+      },
+    }
+    if kind == "recurrent":
+      lru = b + "rg_lru."
+      block["recurrent_block"] = {
+        **{n: _linear(c, b + n) for n in ("linear_y", "linear_x", "linear_out")},
+        "conv_1d": {
+          "w": np.ascontiguousarray(c[b + "conv_1d.weight"][:, 0, :].T),
+          "b": c[b + "conv_1d.bias"],
+        },
+        "rg_lru": {
+          "input_gate": {"w": c[lru + "input_gate_weight"], "b": c[lru + "input_gate_bias"]},
+          "a_gate": {"w": c[lru + "recurrent_gate_weight"], "b": c[lru + "recurrent_gate_bias"]},
+          "a_param": c[lru + "recurrent_param"],
+        },
+      }
+    else:
+      block["attention_block"] = {
+        **{f"proj_{n}": _linear(c, b + f"{n}_proj") for n in "qkv"},
+        "proj_final": _linear(c, b + "o_proj"),
+      }
+    t[f"blocks_{i}"] = block
+  return "recurrent_gemma", t
+
+
+def recurrent_gemma_nnx():
+  """The same model as an NNX port keeps it: ``layers/{i}`` with ``norm1``/``norm2`` (the
+  checkpoint's ``temporal_pre_norm``/``channel_pre_norm``: the sequence mixer's and the
+  MLP's), a ``mixer`` that is the recurrence or the attention, flax's ``[K, 1, C]``
+  depthwise conv, the RG-LRU's gates as bare leaves, ``log_a`` its ``recurrent_param``."""
+  c, p = ld("recurrent_gemma"), "model.layers."
+  layers = []
+  for i, kind in enumerate(("recurrent", "recurrent", "attention")):
+    q, b = f"{p}{i}.", f"{p}{i}.temporal_block."
+    layer = {
+      "norm1": {"scale": c[q + "temporal_pre_norm.weight"]},
+      "norm2": {"scale": c[q + "channel_pre_norm.weight"]},
+      "mlp": {n: _linear(c, q + f"mlp_block.{n}_proj") for n in ("gate", "up", "down")},
+    }
+    if kind == "recurrent":
+      lru = b + "rg_lru."
+      gates = {
+        f"{g}_gate_{s}": c[lru + f"{g}_gate_{n}"]
+        for g in ("input", "recurrent")
+        for s, n in (("w", "weight"), ("b", "bias"))
+      }
+      layer["mixer"] = {
+        **{n: _linear(c, b + n) for n in ("linear_x", "linear_y")},
+        "out": _linear(c, b + "linear_out"),
+        "conv": {"kernel": conv1(c[b + "conv_1d.weight"]), "bias": c[b + "conv_1d.bias"]},
+        "lru": {**gates, "log_a": c[lru + "recurrent_param"]},
+      }
+    else:
+      layer["mixer"] = {n: _linear(c, b + f"{n}_proj") for n in "qkvo"}
+    layers.append(layer)
+  return "recurrent_gemma", {
+    "embed": {"embedding": c["model.embed_tokens.weight"]},
+    "layers": layers,
+    "final_norm": {"scale": c["model.final_norm.weight"]},
+  }
+
+
 MAPPED = {
   f.__name__: f
   for f in (
     vit_mae_scanned,
+    resnet_haiku,
+    conformer_praxis_nnx,
+    conformer_linen,
+    recurrent_gemma_official,
+    recurrent_gemma_nnx,
     mobilenet_nnx,
     mobilenet_flax_auto,
     mobilenet_lists,
@@ -2154,8 +2360,6 @@ ASKED = {
   # head/kernel (its bias follows): the class token's classifier or the distillation token's
   "deit_timm_nnx": (deit_timm_nnx, 1, True),
   "deit_timm_nnx, no config": (deit_timm_nnx, 1, False),
-  # the stem's norm, asked by its scale (its offset and moving averages follow)
-  "resnet_haiku": (resnet_haiku, 1, True),
   # no config.json: nothing says how Wqkv and Wi are laid out
   "modernbert_split, no config": (modernbert_split, 2, False),
 }
@@ -2185,6 +2389,11 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 # the cases that map without their config.json too (what names and shapes alone say)
 WITHOUT_CONFIG = (
   "vit_mae_scanned",
+  "resnet_haiku",
+  "conformer_praxis_nnx",
+  "conformer_linen",
+  "recurrent_gemma_official",
+  "recurrent_gemma_nnx",
   "mobilenet_nnx",
   "mobilenet_flax_auto",
   "mobilenet_lists",

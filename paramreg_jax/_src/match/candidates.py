@@ -15,10 +15,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from paramreg_jax._src.match.axes import IN_OUT_LEAVES
 from paramreg_jax._src.match.axes import orientation
+from paramreg_jax._src.match.config_facts import layout_by_name
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
-from paramreg_jax._src.match.evidence import layout_by_name
 from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.stacks import nested_stack
 from paramreg_jax._src.match.vocabulary import Concepts
@@ -38,6 +39,7 @@ def _reshapes(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
 def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[tuple[str, Any]]:
   """The ways ``src`` becomes ``dst``: ``[(reason, recipe builder)]`` (``"t"`` = transposed)."""
   out: list[tuple[str, Any]] = []
+  pointwise = len(src) >= 3 and all(d == 1 for d in src[2:]) and len(dst) == 2
   if src == dst:
     out.append(("same", lambda r: r))
   if len(src) == 4 and dst == (src[2], src[3], src[1], src[0]) and src != dst:
@@ -46,6 +48,9 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     out.append(("conv3d", lambda r: ops.transpose(r, (2, 3, 4, 1, 0))))  # OIDHW -> DHWIO
   if len(src) == 3 and dst == (src[2], src[1], src[0]) and src != dst:
     out.append(("conv1d", lambda r: ops.transpose(r, (2, 1, 0))))  # Conv1d OIK -> flax KIO
+  if len(src) == 3 and src[1] == 1 and dst == (src[2], src[0]) and src[0] != src[2]:
+    # a depthwise Conv1d [C, 1, K] kept as [K, C] (one filter per channel: recurrentgemma)
+    out.append(("depthwise", lambda r: ops.transpose(ops.reshape(r, (src[0], src[2])), (1, 0))))
   if linear and len(src) == 2 and src[::-1] == dst:
     out.append(("t", lambda r: ops.transpose(r, (1, 0))))
   if not linear and len(src) == 2 and src[::-1] == dst and src != dst:
@@ -59,8 +64,9 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
       out.append(("t+heads", lambda r: ops.reshape(ops.transpose(r, (1, 0)), dst)))
     if _reshapes(src, dst):
       out.append(("heads", lambda r: ops.reshape(r, dst)))
-  elif len(src) != 2 and src != dst and _reshapes(src, dst) and not out:
-    # (a 1x1 conv's [o, i, 1, 1] -> [1, 1, i, o] is the conv layout, not a reshape)
+  elif len(src) != 2 and src != dst and _reshapes(src, dst) and not out and not pointwise:
+    # (a 1x1 conv's [o, i, 1, 1] -> [1, 1, i, o] is the conv layout, not a reshape; as a
+    # linear weight it is oriented by the leaf's word: see _pointwise)
     out.append(("heads", lambda r: ops.reshape(r, dst)))
   return out
 
@@ -134,7 +140,7 @@ def _values(c: Candidate) -> tuple[tuple[str, ...], str]:
   """What a candidate of one tensor holds: its key and how its values are reordered (a
   transpose, a conv layout; a reshape, or a stack of one, keeps their order)."""
   how = c.reason.partition(", stacked ")[0]
-  return c.keys, " ".join(w for w in ("transpose", "OIHW", "OIDHW", "OIK") if w in how)
+  return c.keys, " ".join(w for w in ("transpose", "OIHW", "OIDHW", "OIK", "1x1") if w in how)
 
 
 def _per_expert(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
@@ -205,9 +211,10 @@ def _joined(
       return []
     scores.append(ranked[0][0])
     chosen.append(ranked[0][1])
-  if len(shape) > 2:
-    return _stacked_parts(tc, shape, chosen, scores, fused, ck)
   shapes = [ck.shapes[k] for k in chosen]
+  # stacked on a new leading axis: weights, or biases ([2, f]: recurrentgemma's ffw_up/b)
+  if len(shape) > 2 or (len(shape) == 2 and all(len(s) == 1 for s in shapes)):
+    return _stacked_parts(tc, shape, chosen, scores, fused, ck)
   relation = orientation(ck, tc.name, decided=False)
   transpose = len(shape) == 2 and relation == "t"
   if len(shape) == 1:
@@ -331,6 +338,8 @@ def _single(
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
   if not out and linear and len(shape) == 3:
     out.extend(_heads_permuted(tc, shape, key, ck, score))
+  if not out and (pointwise := _pointwise(tc, sshape, shape)) is not None:
+    out.append(Candidate(score, (key,), _REASONS[pointwise[0]], lambda: pointwise[1](key)))
   # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
   fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
@@ -347,6 +356,21 @@ def _single(
     if rank == 1 or convention in ("t", "same") or axis == FUSED_AXIS_BY_WIDTHS:
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
   return out
+
+
+def _pointwise(tc: Concepts, stored: tuple[int, ...], shape: tuple[int, ...]) -> Any:
+  """``(how, build)`` of a 1x1 conv's weight ``[o, i, 1..]`` as the linear weight it is: a
+  flax or haiku ``kernel``/``w`` ``[i, o]`` or a torch-style ``weight`` ``[o, i]``, by the
+  leaf's own word (a square one is otherwise either way round); None otherwise."""
+  if len(stored) < 3 or any(d != 1 for d in stored[2:]) or len(shape) != 2:
+    return None
+  leaf = tc.name.rpartition("/")[2].lower()
+  o, i = stored[:2]
+  if leaf in IN_OUT_LEAVES and shape == (i, o):
+    return "pointwise-t", lambda k: ops.transpose(ops.reshape(ops.source(k), (o, i)), (1, 0))
+  if leaf == "weight" and shape == (o, i):
+    return "pointwise", lambda k: ops.reshape(ops.source(k), (o, i))
+  return None
 
 
 def _heads_permuted(
@@ -408,6 +432,9 @@ _REASONS = {
   "conv": "name + conv kernel OIHW -> HWIO",
   "conv3d": "name + conv kernel OIDHW -> DHWIO",
   "conv1d": "name + conv kernel OIK -> KIO",
+  "depthwise": "name + depthwise conv kernel [C, 1, K] transposed to [K, C]",
+  "pointwise": "name + 1x1 conv as a linear weight",
+  "pointwise-t": "name + 1x1 conv as a linear kernel [in, out]",
 }
 
 
@@ -419,7 +446,7 @@ def _oriented(
   if len(src) == 3 and "experts" in sc.tokens:
     src = src[1:]
   if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
-    return how in ("same", "heads", "conv", "conv3d", "conv1d", "table-t")
+    return how in ("same", "heads", "conv", "conv3d", "conv1d", "depthwise", "table-t")
   if convention == "conflict":
     return False  # the evidence disagrees: no linear weight is oriented by guess
   if convention is None:

@@ -8,8 +8,10 @@ layout), and the pairing by shape is forced, each forced pair is taken, reported
 
 It decides only then, and nothing else:
 
-- never in a block where a hint decided a leaf (the user's word is not evidence about the
-  rest), never at the top level (it aligns with nothing); outside the layers, a container
+- in a block where a hint decided a leaf, only among the tensors of a kind and size no
+  hinted tensor has (the user's word is not evidence about the rest: a wrong hint can
+  displace only a tensor it could have named); never at the top level (it aligns with
+  nothing); outside the layers, a container
   (``stem``) whose decided leaves all come from under one checkpoint module
   (``embeddings``) is a block of its own;
 - only a pair every perfect pairing of the block makes: a leaf that fits one tensor left, or
@@ -43,6 +45,7 @@ Examples:
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Collection
 from collections.abc import Mapping
 
@@ -81,10 +84,20 @@ def settle(
   used = {k for keys in decided.values() for k in keys}
   out: dict[str, tuple[Candidate, str]] = {}
   for block, names in members.items():
-    if block in hinted:
-      continue
     left = [n for n in names if n not in decided]
     free = [k for k in ck.by_layer.get(block, ()) if k not in used]
+    if block in hinted:
+      # what no hint could have displaced: tensors of a size and kind no hinted tensor has
+      hints = [n for n in names if n in hinted_leaves]
+      named = [k for n in hints for k in decided.get(n, ())]  # or still open: each line
+      named += [k for n in hints for c in open_.get(n, ()) for k in c.keys]
+      said = {_kind_and_size(k, ck) for k in named}
+      free = [k for k in free if _kind_and_size(k, ck) not in said]
+      left = [
+        n
+        for n in left
+        if n in open_ and all(_kind_and_size(k, ck) not in said for c in open_[n] for k in c.keys)
+      ]
     out.update(_close(left, free, open_, f"the last tensor of layer {block} that fits it"))
   out.update(_modules_in_layers(members, open_, decided, ck, hinted, used, out))
   for names, depth in stacked:
@@ -98,6 +111,10 @@ def settle(
   for _, names in containers:
     out.update(_close_stack(names, open_, decided, ck, used))
   return out
+
+
+def _kind_and_size(key: str, ck: Checkpoint) -> tuple[str, int]:
+  return ck.concepts[key].kind, math.prod(ck.shapes[key])
 
 
 def _stage_stacks(

@@ -118,6 +118,10 @@ def modules(keys: Iterable[str]) -> frozenset[str]:
   return frozenset(_as_concept(checkpoint_module(k)) for k in keys)
 
 
+def _literal(keys: Iterable[str]) -> frozenset[str]:
+  return frozenset(checkpoint_module(k) for k in keys)
+
+
 @functools.lru_cache(maxsize=65536)
 def _as_concept(module: str) -> str:
   parent, _, last = module.rpartition(".")
@@ -177,6 +181,11 @@ def settle_by_module(
       continue  # the siblings disagree: reported by module_conflicts
     (want,) = wanted
     fits = distinct([c for c in cands if modules(c.keys) == want])
+    # a module of the very sibling's path before one only its concept makes the same (a
+    # conv module's batch_norm and layer_norm are both its norm; q_bias is query's)
+    literal = {_literal(decided[s]) for s in siblings[module]}
+    same = [c for c in fits if len(literal) == 1 and _literal(c.keys) in literal]
+    fits = same or fits
     # in one module, the name tells its parameters apart (a batch norm's ``scale`` is its
     # ``weight``, not its ``running_mean`` of the same shape)
     if len(fits) > 1 and (best := _best_named(fits)) is not None:
@@ -206,6 +215,11 @@ def settle_by_subtree(
   the deepest single out nothing; a leaf a hint decided (``hinted``) is the user's word
   about that leaf, not an anchor for the rest.
 
+  Where that settles nothing, a sibling module named alike (``initial_conv`` beside
+  ``initial_batchnorm``: a word no other sibling has) anchors it, but only where every
+  candidate is of one checkpoint module beside the sibling's in their unit
+  (``embedder.normalization`` beside ``embedder.convolution``).
+
   Examples:
     >>> from paramreg_jax._src.match.candidates import Candidate
     >>> def cand(k):
@@ -215,47 +229,69 @@ def settle_by_subtree(
     >>> got = settle_by_subtree(open_, decided, lambda c: c)
     >>> got["b/dw/bn/scale"][0].keys, got["b/dw/bn/scale"][1]
     (('l.conv_3x3.norm.weight',), 'b/dw/conv/kernel')
+    >>> open_ = {"net/initial_bn/scale": [cand("stem.unit.norm.weight")]}
+    >>> decided = {"net/initial_conv/w": ("stem.unit.conv.weight",), "net/head/w": ("fc.weight",)}
+    >>> settle_by_subtree(open_, decided, lambda c: c)["net/initial_bn/scale"][1]
+    'net/initial_conv/w'
   """
   out = {}
+  anchored = {_unescaped(n): n for n, k in decided.items() if k and n not in hinted}
+  every_module = {_unescaped(target_module(n) or n) for n in (*decided, *open_)}
   for name, cands in open_.items():
-    module = target_module(name) or name  # a bare leaf (time_mix_k) is a module of its own
-    anchors = _nearest_decided(
-      _unescaped(module), {_unescaped(n): n for n, k in decided.items() if k and n not in hinted}
-    )
-    if not anchors:
-      continue
-    keys = [_components(k) for a in anchors for k in decided[a]]
-    taken = {_components(m) for a in anchors for m in modules(decided[a])}
-    every = distinct(cands)
-    depth = [
-      (min(_shared(_components(k), d) for k in c.keys for d in keys), c)
-      for c in every
-      if not any(_components(m)[: len(t)] == t for m in modules(c.keys) for t in taken)
-    ]
-    if len({d for d, _ in depth}) < 2:
-      # nothing outside to narrow away; where every candidate is of one module beside the
-      # decided leaves' in their unit (a conv's unit: the norm beside it; not a layer, whose
-      # modules are many), it is that module's best named tensor, as in module coherence
-      pick = _best_named([c for _, c in depth])
-      if pick is not None and _beside_in_unit(depth, taken):
-        out[name] = (pick, sorted(anchors)[0])
-      continue
-    best = max(d for d, _ in depth)
-    inside = top([c for d, c in depth if d == best])  # the best names among them
-    if len(inside) != 1:
-      continue
-    (pick,) = inside
-    # the subtree decides only what the names left open: some other candidate is named as
-    # well, and every such one lies outside or in a decided leaf's own module (a leaf open
-    # for another reason, two leaves wanting its best name, is no question of where)
-    rivals = {id(c) for c in every if c is not pick and c.score >= pick.score}
-    inside_too = [d for d, c in depth if id(c) in rivals and d >= best]
-    if rivals and not inside_too:
-      out[name] = (pick, sorted(anchors)[0])
+    module = _unescaped(target_module(name) or name)  # a bare leaf (time_mix_k) is its own
+    pick = _inside(cands, _nearest_decided(module, anchored), decided, top)
+    if pick is None and target_module(name) is not None:
+      # a sibling named alike says only which module of its unit, not where in a subtree
+      pick = _inside(cands, _named_sibling(module, anchored, every_module), decided, None)
+    if pick is not None:
+      out[name] = pick
   return out
 
 
-def _beside_in_unit(depth: list[tuple[int, Candidate]], taken: set[tuple[str, ...]]) -> bool:
+def _inside(
+  cands: list[Candidate],
+  anchors: list[str],
+  decided: Mapping[str, tuple[str, ...]],
+  top: Callable[[list[Candidate]], list[Candidate]] | None,
+) -> tuple[Candidate, str] | None:
+  """The candidate the decided leaves ``anchors`` single out (see :func:`settle_by_subtree`),
+  with the anchor to name; with no ``top``, only one of the module beside theirs in a unit."""
+  if not anchors:
+    return None
+  keys = [_components(k) for a in anchors for k in decided[a]]
+  taken = {_components(m) for a in anchors for m in modules(decided[a])}
+  every = distinct(cands)
+  depth = [
+    (min(_shared(_components(k), d) for k in c.keys for d in keys), c)
+    for c in every
+    if not any(_components(m)[: len(t)] == t for m in modules(c.keys) for t in taken)
+  ]
+  if len({d for d, _ in depth}) < 2:
+    # nothing outside to narrow away; where every candidate is of one module beside the
+    # decided leaves' in their unit (a conv's unit: the norm beside it; not a layer, whose
+    # modules are many), it is that module's best named tensor, as in module coherence
+    pick = _best_named([c for _, c in depth])
+    if pick is not None and _beside_in_unit(depth, taken):
+      return pick, sorted(anchors)[0]
+    return None
+  if top is None:
+    return None
+  best = max(d for d, _ in depth)
+  inside = top([c for d, c in depth if d == best])  # the best names among them
+  if len(inside) != 1:
+    return None
+  (pick,) = inside
+  # the subtree decides only what the names left open: some other candidate is named as
+  # well, and every such one lies outside or in a decided leaf's own module (a leaf open
+  # for another reason, two leaves wanting its best name, is no question of where)
+  rivals = {id(c) for c in every if c is not pick and c.score >= pick.score}
+  inside_too = [d for d, c in depth if id(c) in rivals and d >= best]
+  if rivals and not inside_too:
+    return pick, sorted(anchors)[0]
+  return None
+
+
+def _beside_in_unit(depth: list[tuple[float, Candidate]], taken: set[tuple[str, ...]]) -> bool:
   """Whether the candidates are all of one checkpoint module, in the unit (below a layer's
   number and the model's own prefix) that holds the decided leaves' modules."""
   units = {t[:-1] for t in taken}
@@ -291,6 +327,32 @@ def _nearest_decided(module: str, decided: Mapping[str, str]) -> list[str]:
   return []
 
 
+def _named_sibling(module: str, decided: Mapping[str, str], every: Collection[str]) -> list[str]:
+  """The decided leaves (``{path: name}``) of the one sibling module that shares a word with
+  ``module`` that no other module among ``every`` beside them has (``initial_conv`` for
+  ``initial_batchnorm``; not ``batchnorm_0`` for ``batchnorm_1``: numbers pair nothing, nor
+  do two of one kind, and a word three siblings share pairs none of them)."""
+  parent, _, own = module.rpartition("/")
+  prefix = parent + "/" if parent else ""
+  siblings = {m[len(prefix) :].partition("/")[0] for m in every if m.startswith(prefix)}
+  mine = _plain_words(own)
+  pairs = set()
+  for word in mine:
+    # a sibling of the same words is another of its kind (batchnorm_0), not its partner
+    having = [s for s in siblings if s != own and word in _plain_words(s) != mine]
+    if len(having) == 1:
+      pairs.add(having[0])
+  if len(pairs) != 1:
+    return []
+  (sibling,) = pairs
+  return [n for path, n in decided.items() if path.startswith(prefix + sibling + "/")]
+
+
+def _plain_words(component: str) -> frozenset[str]:
+  """A module name's words that are not numbers: ``initial_batchnorm`` -> initial, batchnorm."""
+  return frozenset(w.lower() for w in re.split(r"[_\-\d]+", component) if len(w) > 1)
+
+
 def _unescaped(name: str) -> str:
   """A target name with haiku's ``/~/`` module separators (escaped in one key: ``~1~0~1``) as
   plain ones: ``net~1~0~1initial_batchnorm/scale`` is ``net/initial_batchnorm/scale``."""
@@ -302,11 +364,15 @@ def _components(key: str) -> tuple[str, ...]:
   return tuple(_SPLIT.split(template(key)))
 
 
-def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+  """How deep ``a`` lies in ``b``'s subtree: the components they share, and half a level more
+  where ``a`` goes on in a module named for ``b``'s next one (``ffn1_layer_norm`` beside
+  ``ffn1``, ``self_attn_layer_norm`` beside ``self_attn``: that module's own norm)."""
   n = 0
   while n < min(len(a), len(b)) and a[n] == b[n]:
     n += 1
-  return n
+  named_for = n < min(len(a), len(b)) - 1 and a[n].startswith(b[n] + "_")
+  return n + 0.5 if named_for else n
 
 
 def module_conflicts(decided: Mapping[str, tuple[str, ...]]) -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""Evidence about the checkpoint beyond its names: what its ``config.json`` says (model type,
-head counts, tied embeddings, the layout of its fused tensors), and the checkpoint as ``match``
-sees it (:class:`Checkpoint`). ``match`` changes a layout only when evidence determines it
+"""The checkpoint as ``match`` sees it (:class:`Checkpoint`: every key's concepts and shape,
+grouped once, with what its config says, :mod:`config_facts`), and a target leaf read against
+it (:func:`target_concepts`). ``match`` changes a layout only when evidence determines it
 (the orientation and the stacking axis are read in ``axes``).
 """
 
@@ -13,196 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src.match import vocabulary
+from paramreg_jax._src.match.config_facts import Facts
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
-
-# The layouts a fused q/k/v (or gate/up) tensor is stored in, along its fused axis.
-LAYOUTS = {
-  "contiguous": "[q | k | v] one after the other",
-  "per_head": "per head, [heads, 3, head_dim] (GPT-NeoX, Bloom, Falcon without multi-query)",
-  "grouped": "per kv group, [kv_heads, heads / kv_heads + 2, head_dim] (Falcon's new decoder)",
-  "blocked_qvk4": "4 blocks of [q | v | k] (CodeGen)",
-}
-
-# model_type -> the layout of its fused qkv; Falcon depends on two config flags (below)
-_QKV_LAYOUTS = {
-  "gpt2": "contiguous",
-  "gpt_bigcode": "contiguous",
-  "phi3": "contiguous",
-  "mpt": "contiguous",
-  "modernbert": "contiguous",  # Wqkv viewed as [3, heads, head_dim]
-  "gpt_neox": "per_head",
-  "gpt_neox_japanese": "per_head",
-  "bloom": "per_head",
-  "persimmon": "per_head",
-  "codegen": "blocked_qvk4",
-}
-# Model types whose ``post_attention_layernorm`` normalises the attention's *output* (a
-# post-norm; their MLP has its own pre- or post-norm), unlike Llama's, where it is the MLP's
-# input norm.
-_POST_NORM_TYPES = {"olmo2", "olmo3", "gemma2", "gemma3", "gemma3_text"}
-_GATE_UP_LAYOUTS = {"phi3": "contiguous", "modernbert": "contiguous"}  # [gate | up]
-# Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
-# torch.nn.Linear ([out, in]).
-_CONV1D_TYPES = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Facts:
-  """What a checkpoint's own description (``config.json``) says, for ``match``."""
-
-  model_type: str | None = None
-  heads: int | None = None
-  kv_heads: int | None = None
-  head_dim: int | None = None
-  tied: bool | None = None  # tie_word_embeddings
-  convention: str | None = None  # of its linear weights: "t" ([out, in]) or "same" ([in, out])
-  qkv_layout: str | None = None  # a key of LAYOUTS
-  gate_up_layout: str | None = None
-  post_norms: bool = False  # post_attention_layernorm is the attention's post-norm
-  # each layer's kind (``layer_types``: "sliding_attention", "full_attention"), if given
-  layer_types: tuple[str, ...] = ()
-  # a config was given that is no transformers config.json (no model_type: timm's, a
-  # training framework's): its keys say nothing here
-  foreign: bool = False
-
-  def rows(self) -> list[tuple[str, str]]:
-    """``(fact, value)`` for the table: only what the config said."""
-    out = []
-    if self.model_type:
-      out.append(("model_type", self.model_type))
-    if self.heads:
-      heads = f"{self.heads}" + (f" (kv {self.kv_heads})" if self.kv_heads != self.heads else "")
-      out.append(("attention heads", f"{heads} x {self.head_dim}"))
-    if self.tied is not None:
-      out.append(("tie_word_embeddings", str(self.tied).lower()))
-    if self.convention:
-      out.append(("linear weights", "[out, in]" if self.convention == "t" else "[in, out]"))
-    if self.qkv_layout:
-      out.append(("fused qkv", LAYOUTS[self.qkv_layout]))
-    if self.gate_up_layout:
-      out.append(("fused gate_up", "[gate | up] one after the other"))
-    if self.post_norms:
-      out.append(("post_attention_layernorm", "the attention's post-norm"))
-    return out
-
-
-def _int(config: Mapping[str, Any], *names: str) -> int | None:
-  for n in names:
-    v = config.get(n)
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-      return v
-  return None
-
-
-def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
-  """Reads a Hugging Face ``config.json`` (a dict); ``Facts()`` for None or another format.
-
-  Examples:
-    >>> from paramreg_jax._src.match.evidence import facts_from_config
-    >>> f = facts_from_config({"model_type": "gpt_neox", "num_attention_heads": 4,
-    ...                        "hidden_size": 32, "tie_word_embeddings": False})
-    >>> f.qkv_layout, f.heads, f.head_dim, f.tied, f.convention
-    ('per_head', 4, 8, False, 't')
-  """
-  if not isinstance(config, Mapping):
-    return Facts()
-  config = dict(config)
-  for sub in ("text_config",):  # multimodal configs nest the language model's
-    if isinstance(config.get(sub), Mapping) and "model_type" not in config:
-      config = dict(config[sub])
-  model_type = config.get("model_type")
-  if not isinstance(model_type, str):
-    return Facts(foreign=bool(config))
-  heads = _int(config, "num_attention_heads", "n_head", "n_heads", "num_heads")
-  hidden = _int(config, "hidden_size", "n_embd", "d_model", "dim")
-  kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads
-  qkv = _QKV_LAYOUTS.get(model_type)
-  if model_type == "falcon":
-    if config.get("new_decoder_architecture"):
-      qkv = "grouped"
-    elif config.get("multi_query", True):
-      qkv, kv = "contiguous", 1
-    else:
-      qkv, kv = "per_head", heads
-  head_dim = _int(config, "head_dim", "kv_channels") or (
-    hidden // heads if hidden and heads else None
-  )
-  tied = config.get("tie_word_embeddings")
-  convention = "same" if model_type in _CONV1D_TYPES else "t"
-  gate_up = _GATE_UP_LAYOUTS.get(model_type)
-  if config.get("gguf_architecture"):
-    # llama.cpp's converter writes every matrix [out, in] (GPT-2's Conv1D transposed), every
-    # fused qkv as [q | k | v] (Bloom's and Falcon's per-head layouts reordered) and a fused
-    # ffn_up as [gate | up]: the file's layout, whatever the Hugging Face model's was
-    convention, qkv, gate_up = "t", "contiguous", "contiguous"
-  return Facts(
-    model_type=model_type,
-    heads=heads,
-    kv_heads=kv,
-    head_dim=head_dim,
-    tied=tied if isinstance(tied, bool) else None,
-    convention=convention,
-    qkv_layout=qkv,
-    gate_up_layout=gate_up,
-    post_norms=model_type in _POST_NORM_TYPES,
-    layer_types=_layer_types(config.get("layer_types")),
-  )
-
-
-def _layer_types(value: Any) -> tuple[str, ...]:
-  """transformers' ``layer_types`` (one kind per layer), or () for anything else."""
-  if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
-    return tuple(value)
-  return ()
-
-
-def layout_by_name(key: str) -> str | None:
-  """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``, torch's own
-  ``nn.MultiheadAttention`` (``in_proj_weight``: ``[q | k | v]``, always), and transformers
-  5's fused experts ``experts.gate_up_proj`` (``[gate | up]``, always)."""
-  if re.search(
-    r"(^|\.)attn\.c_attn\.|(^|\.)in_proj_(weight|bias)$|(^|\.)experts\.gate_up_proj$", key
-  ):
-    return "contiguous"
-  return None
-
-
-def part_rows(
-  layout: str, parts: tuple[str, ...], widths: list[int], facts: Facts
-) -> dict[str, list[int]] | str:
-  """The indices along the fused axis of each part (q, k, v / gate, up), or why they are
-  unknown. ``widths`` are the parts' sizes as the target wants them."""
-  if layout == "contiguous":
-    out, start = {}, 0
-    for part, width in zip(parts, widths):
-      out[part] = list(range(start, start + width))
-      start += width
-    return out
-  h, kv, d = facts.heads, facts.kv_heads, facts.head_dim
-  if not (h and kv and d):
-    return "the config gives no head counts"
-  if widths != [h * d, kv * d, kv * d]:
-    return f"the parts' widths {widths} are not the config's heads ({h} q, {kv} kv, head_dim {d})"
-  if layout == "per_head":
-    return {
-      p: [i * 3 * d + n * d + j for i in range(h) for j in range(d)] for n, p in enumerate(parts)
-    }
-  if layout == "grouped":
-    r = h // kv
-    return {
-      "q": [(g * (r + 2) + i) * d + j for g in range(kv) for i in range(r) for j in range(d)],
-      "k": [(g * (r + 2) + r) * d + j for g in range(kv) for j in range(d)],
-      "v": [(g * (r + 2) + r + 1) * d + j for g in range(kv) for j in range(d)],
-    }
-  if layout == "blocked_qvk4":
-    local = h * d // 4
-    offset = {"q": 0, "v": 1, "k": 2}
-    return {
-      p: [m * 3 * local + offset[p] * local + j for m in range(4) for j in range(local)]
-      for p in parts
-    }
-  return f"unknown layout {layout!r}"
 
 
 @dataclasses.dataclass
@@ -443,6 +256,22 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
   ):
     return dataclasses.replace(c, tokens=frozenset((c.tokens - {"mlp"}) | {"attn", "post"}))
   return c
+
+
+def gate_and_up(c: Concepts, shape: tuple[int, ...], slot_names: list[str]) -> Concepts:
+  """A layer's MLP ``up`` that keeps two of its matrices on a leading axis of 2, in an MLP with
+  no gate of its own (recurrentgemma's ``mlp_block/ffw_up/w`` ``[2, d, f]``): its gate and its
+  up, stacked (gate first, as Gemma's ``gating_einsum``). Anything else: ``c`` unchanged."""
+  tokens = c.tokens
+  if not ("up" in tokens and "mlp" in tokens and c.indices) or tokens & {"gate", "gate_up"}:
+    return c
+  if len(shape) < 2 or shape[0] != 2 or "experts" in tokens:
+    return c
+  parent = c.name.rsplit("/", 2)[0]
+  siblings = (n for n in slot_names if n.startswith(parent + "/") and n != c.name)
+  if any("gate" in concepts(n).tokens for n in siblings):
+    return c
+  return dataclasses.replace(c, tokens=(tokens - {"up"}) | {"gate_up"})
 
 
 def _plain(name: str, ck: Checkpoint) -> str:

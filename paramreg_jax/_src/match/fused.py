@@ -12,6 +12,7 @@ from typing import Any
 
 from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import coherence
+from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
@@ -89,7 +90,7 @@ def split(
   present = tuple(p for n in names for p in parts if p in tokens[n])
   f = _Fused(keys, axis, stored, stacked, tuple(names), present, widths, per_layer, out_first, at)
   facts, by = ck.facts, ""
-  layout = evidence.layout_by_name(keys[0]) or (
+  layout = config_facts.layout_by_name(keys[0]) or (
     ck.facts.qkv_layout if fused == "qkv" else ck.facts.gate_up_layout
   )
   if keys[0] in ck.layouts:  # the user's word
@@ -97,7 +98,7 @@ def split(
     size = size if layout in _BY_HEADS else 1  # four blocks are four blocks, whatever the heads
     facts, by = _with_heads(f, facts, size), ", as the layout hint says"
   rows = (
-    evidence.part_rows(layout, present, list(widths), facts)
+    config_facts.part_rows(layout, present, list(widths), facts)
     if layout and (layout == "contiguous" or present == parts)
     else None
   )
@@ -120,7 +121,7 @@ def _tiles(rows: Mapping[str, list[int]], size: int) -> bool:
   return sorted(i for r in rows.values() for i in r) == list(range(size))
 
 
-def _with_heads(f: _Fused, facts: evidence.Facts, size: int | None) -> evidence.Facts:
+def _with_heads(f: _Fused, facts: config_facts.Facts, size: int | None) -> config_facts.Facts:
   """The head counts a per-head layout needs: the config's, the head size a layout hint gives
   (``per_head:64``), or the target's own split heads (q, k, v ``[.., heads, head_dim]``)."""
   outs = [f.outs(n) for n in f.names]
@@ -190,16 +191,16 @@ def _geometry(
 
 
 def _undecided(
-  f: _Fused, facts: evidence.Facts, roles: Mapping[str, str], known: str | None
+  f: _Fused, facts: config_facts.Facts, roles: Mapping[str, str], known: str | None
 ) -> Problem:
   """The problem when the layout is unknown (``known`` is None or why), or is ``known`` but
   gate and up are told apart by nothing: each part in each layout it may be, to choose."""
-  layouts = tuple(evidence.LAYOUTS) if known not in evidence.LAYOUTS else (str(known),)
+  layouts = tuple(config_facts.LAYOUTS) if known not in config_facts.LAYOUTS else (str(known),)
   if f.present == ("gate", "up"):
     layouts = ("contiguous",)
   choices = _layout_choices(f, facts, roles, layouts)
   stored, key = f.stored, f.keys[0]
-  if known in evidence.LAYOUTS:  # gate and up by their order only: either way round
+  if known in config_facts.LAYOUTS:  # gate and up by their order only: either way round
     unsure = [n for n in f.names if roles.get(n, "").endswith("?")]
     return Problem(
       f"{', '.join(unsure)}: the {' and '.join(f.present)} parts of fused {key!r} {stored}, "
@@ -238,7 +239,9 @@ def _undecided(
   )
 
 
-def _layout_hints(f: _Fused, facts: evidence.Facts, layouts: tuple[str, ...]) -> tuple[Choice, ...]:
+def _layout_hints(
+  f: _Fused, facts: config_facts.Facts, layouts: tuple[str, ...]
+) -> tuple[Choice, ...]:
   """Each layout the parts tile, as the value of a layout hint (``"contiguous"``; a per-head
   layout whose head count nothing gives, once per head size that divides the parts:
   ``"per_head:64"``); layouts that split alike are one line."""
@@ -255,12 +258,12 @@ def _layout_hints(f: _Fused, facts: evidence.Facts, layouts: tuple[str, ...]) ->
       ]
     for size in sizes:
       known = _with_heads(f, facts, size if layout in _BY_HEADS else 1)
-      rows = evidence.part_rows(layout, f.present, list(f.widths), known)
+      rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
       if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
         continue
       if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
-      said = evidence.LAYOUTS[layout]
+      said = config_facts.LAYOUTS[layout]
       if "q" not in f.present:  # a gate_up: [gate | up], or whichever of them the target has
         said = "[gate | up] one after the other"
       elif size:
@@ -276,7 +279,7 @@ def _layout_hints(f: _Fused, facts: evidence.Facts, layouts: tuple[str, ...]) ->
 
 
 def _layout_choices(
-  f: _Fused, facts: evidence.Facts, roles: Mapping[str, str], layouts: tuple[str, ...]
+  f: _Fused, facts: config_facts.Facts, roles: Mapping[str, str], layouts: tuple[str, ...]
 ) -> dict[str, tuple[Choice, ...]]:
   """Each part in each of ``layouts`` its widths fit (head counts from the config, or from
   the target's split heads; where neither gives them, a per-head layout is offered for each
@@ -301,12 +304,14 @@ def _layout_choices(
   out: dict[str, list[Choice]] = {n: [] for n in f.names}
   for layout in layouts:
     for known, said_heads in heads if layout != "contiguous" else heads[:1]:
-      rows = evidence.part_rows(layout, f.present, list(f.widths), known)
+      rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
       if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
         continue
       if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
-      said = evidence.LAYOUTS[layout] + (said_heads if layout in ("per_head", "grouped") else "")
+      said = config_facts.LAYOUTS[layout] + (
+        said_heads if layout in ("per_head", "grouped") else ""
+      )
       if "q" not in f.present:  # a gate_up: [gate | up], or whichever of them the target has
         said = "[gate | up] one after the other"
       _offer(f, roles, layout, rows, said, out)

@@ -37,7 +37,7 @@ from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
-# a fused tensor's layout: a key of evidence.LAYOUTS, with the head size where nothing else
+# a fused tensor's layout: a key of config_facts.LAYOUTS, with the head size where nothing else
 # gives the head count (``"per_head:64"``)
 _LAYOUT = re.compile(r"^(contiguous|per_head|grouped|blocked_qvk4)(?::([1-9]\d{0,5}))?$")
 

@@ -71,6 +71,7 @@ def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
 # words that place a module before or after its sibling named alike but for them
 _BEFORE_AFTER = {"pre": ("pre/post", 0), "post": ("pre/post", 1)}
 _BEFORE_AFTER |= {"before": ("before/after", 0), "after": ("before/after", 1)}
+_BEFORE_AFTER |= {"start": ("start/end", 0), "end": ("start/end", 1)}  # lingvo's fflayer_start
 
 
 def _before_after(name: str) -> tuple[tuple[str, str, str], int] | None:
@@ -78,7 +79,7 @@ def _before_after(name: str) -> tuple[tuple[str, str, str], int] | None:
   or after a sibling named alike but for that word (``attn_pre_gamma``/``attn_post_gamma``,
   ``pre_ffw_norm/scale``/``post_ffw_norm/scale``, ``layernorm_before``/``_after``)."""
   parts = _PATH.split(name)
-  for at in range(len(parts) - 1, max(len(parts) - 3, -1), -1):
+  for at in range(len(parts) - 1, max(len(parts) - 4, -1), -1):
     words = parts[at].split("_")
     hits = [i for i, w in enumerate(words) if w.lower() in _BEFORE_AFTER]
     if len(hits) == 1:

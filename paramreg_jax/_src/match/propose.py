@@ -12,6 +12,7 @@ from paramreg_jax._src import api_types
 from paramreg_jax._src import errors
 from paramreg_jax._src.match import axes
 from paramreg_jax._src.match import candidates as cand_lib
+from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
@@ -273,7 +274,7 @@ def _ranked(
       tokens = tc.tokens - out | in_
       if slot.name in roles:  # Dense_0..3 of an attention over a fused qkv: q, k, v, o
         tokens |= {roles[slot.name].rstrip("?")}
-      tc = dataclasses.replace(tc, tokens=tokens)
+      tc = evidence.gate_and_up(dataclasses.replace(tc, tokens=tokens), tuple(slot.shape), names)
       ranked[slot.name] = cand_lib.candidates(tc, tuple(slot.shape), view)
   return ranked
 
@@ -369,7 +370,7 @@ def _read_checkpoint(
   shapes = {k: source_lib.metadata_of(source, k).shape for k in keys}
   targets = [(s.name, tuple(s.shape)) for s in slots]
   folded, numbered = numbering.across_stages(folded, shapes, targets)
-  facts = evidence.facts_from_config(config)
+  facts = config_facts.facts_from_config(config)
   folded, grouped, unsplit = numbering.in_groups(folded, targets, facts.layer_types)
   evidence.norm_roles(folded, facts)
   evidence.fused_inputs(folded, shapes)

@@ -46,6 +46,7 @@ from paramreg_jax._src import text_width
 from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
+from paramreg_jax._src.match import vocabulary
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.candidates import rekey
@@ -132,10 +133,6 @@ def refuse(
   return errors.MatchError(message, tuple(out), hints_code=literal)
 
 
-# the leaf a module's other leaves follow: its weight, by the names frameworks give it
-_LEADS = ("kernel", "weight", "w", "scale", "embedding", "gamma")
-
-
 def _followed(problems: list[Problem], ranked: dict[str, list[Candidate]]) -> list[Problem]:
   """``problems`` with each module asked once: where a module's weight is asked and its other
   leaves (a bias, a norm's statistics) choose only among tensors of the checkpoint modules
@@ -164,7 +161,7 @@ def _followed(problems: list[Problem], ranked: dict[str, list[Candidate]]) -> li
       by_module.setdefault(module, []).append(name)
   folded: dict[str, list[str]] = {}
   for names in by_module.values():
-    leads = [n for n in names if n.rpartition("/")[2].lower() in _LEADS]
+    leads = [n for n in names if n.rpartition("/")[2].lower() in vocabulary.WEIGHT_LEAVES]
     if len(names) < 2 or len(leads) != 1:
       continue
     (lead,) = leads

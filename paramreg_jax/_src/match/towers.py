@@ -81,8 +81,14 @@ def views(
   seen = {}
   for target_tower, tower in ck.towers.items():
     view = ck.restricted({k for k in ck.concepts if theirs.get(k, tower) == tower})
-    seen[target_tower] = (view, concepts(target_tower).tokens, concepts(tower).tokens)
+    seen[target_tower] = (view, _words(target_tower), _words(tower))
   return {n: seen[t] for n, t in ours.items() if t in seen}
+
+
+def _words(tower: str) -> frozenset[str]:
+  """A tower's own words: not a kind (a name alone reads as a weight), nor ``layers`` (a stack
+  of layers named so is a tower of the layers it stacks, and stays one)."""
+  return concepts(tower).tokens - {"w", "b", "layers"}
 
 
 def _towers(names: list[str], sep: str, layered: Callable[[str], bool]) -> dict[str, str]:

@@ -136,6 +136,12 @@ _WORDS: dict[str, tuple[str, ...]] = {
   **{w: ("mean",) for w in ("running_mean", "moving_mean", "mean_ema")},  # haiku: mean_ema
   **{w: ("var",) for w in ("running_var", "moving_var", "moving_variance", "variance", "var_ema")},
   "average": ("w",),  # haiku's ExponentialMovingAverage keeps its value as ``average``
+  # a block's sequence mixer (attention, or a recurrence in its place) and its channel mixer
+  # (the MLP): Griffin's temporal and channel blocks, MLP-Mixer's token and channel mixing
+  **{w: ("attn",) for w in ("temporal_block", "token_mixing", "token_mixer")},
+  **{w: ("mlp",) for w in ("channel_block", "channel_mixing", "channel_mixer")},
+  "temporal_pre_norm": ("attn", "norm"),
+  "channel_pre_norm": ("mlp", "norm"),
   "input_layernorm": ("attn", "norm"),
   "post_attention_layernorm": ("mlp", "norm"),  # Llama: the norm before the MLP
   "pre_feedforward_layernorm": ("mlp", "norm"),
@@ -647,6 +653,9 @@ _KIND_WORDS = {
   **{w: "weight" for w in (*_WEIGHT_WORDS, "w")},
   **{w: "bias" for w in ("bias", "beta", "b")},
 }
+
+# the last words that name a module's weight (the leaf its bias and statistics follow)
+WEIGHT_LEAVES = frozenset(w for w, kind in _KIND_WORDS.items() if kind == "weight")
 
 
 @functools.lru_cache(maxsize=262144)
