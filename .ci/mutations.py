@@ -567,6 +567,13 @@ MUTATIONS = (
     ("tests/test_match_unseen.py", "-k", "recurrent_gemma_nnx"),
   ),
   Mutation(
+    "a part of a layer's sequential read as layers (merger.mlp.0)",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "    return previous.lower() not in _SEQUENTIALS and not in_role(previous)\n",
+    "    return previous.lower() not in _SEQUENTIALS\n",
+    ("tests/test_match_unseen.py", "-k", "qwen2_vl_nnx"),
+  ),
+  Mutation(
     "the decided neighbours' subtree not used",
     "paramreg_jax/_src/match/coherence.py",
     "  if rivals and not inside_too:\n",

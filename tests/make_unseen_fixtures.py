@@ -4,7 +4,8 @@ Architectures the forward-pass suites (``make_hf_fixtures.py``) do not have: Con
 BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, ResNet,
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
-EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, and a diffusion VAE, UNet and
+EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, a wav2vec 2.0 Conformer, RecurrentGemma
+(Griffin), Qwen2-VL, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -335,6 +336,29 @@ CASES = {
       attention_window_size=8,
       conv1d_width=4,
       block_types=("recurrent", "recurrent", "attention"),
+    )
+  ),
+  # Qwen2-VL: a vision tower (a Conv3d patch embedding, fused qkv, a merger MLP over 2x2
+  # merged patches) and a Qwen2 language model (q/k/v biases, no o bias)
+  "qwen2_vl": lambda: tf.Qwen2VLForConditionalGeneration(
+    tf.Qwen2VLConfig(
+      text_config={
+        **_TEXT,
+        "max_position_embeddings": 64,
+        "num_key_value_heads": 2,
+        "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
+      },
+      vision_config=dict(
+        depth=2,
+        embed_dim=16,
+        hidden_size=32,
+        num_heads=2,
+        mlp_ratio=2,
+        in_channels=3,
+        patch_size=4,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+      ),
     )
   ),
 }

@@ -7,8 +7,9 @@ stacked layers with heads split (out-first, as haliax writes them too), flax's
 ``nn.WeightNorm`` over a torch weight-normed conv, a linen ResNet with ``batch_stats``;
 MaxText's DeepSeek-V3 (latent attention, a router with its score-correction bias, shared and
 stacked routed experts), Qwen2-MoE in NNX, ModernBERT with its fused ``Wqkv``/``Wi`` kept or
-split, Gemma 2 as Google's gemma library keeps it, Phi in haiku, and Mamba as a flax port
-keeps it.
+split, Gemma 2 as Google's gemma library keeps it, Phi in haiku, Mamba as a flax port
+keeps it, a Conformer in lingvo's and praxis's words and in NeMo's, and RecurrentGemma as
+google-deepmind/recurrentgemma keeps it.
 
 The checkpoints are tiny random Hugging Face models (``make_unseen_fixtures.py``). Each case
 also writes out, by hand, what every leaf must hold (the transposes, head splits, conv layouts
@@ -2289,6 +2290,113 @@ def recurrent_gemma_nnx():
   }
 
 
+def _qwen2_vl_text_layer(c, i):
+  q = f"model.layers.{i}."
+  return {
+    "attn_norm": {"scale": c[q + "input_layernorm.weight"]},
+    "mlp_norm": {"scale": c[q + "post_attention_layernorm.weight"]},
+    "attn": {n: _linear(c, q + f"self_attn.{n}_proj") for n in "qkvo"},
+    "mlp": {n: _linear(c, q + f"mlp.{n}_proj") for n in ("gate", "up", "down")},
+  }
+
+
+def _qwen2_vl_vision_block(c, i):
+  q = f"visual.blocks.{i}."
+  return {
+    "norm1": _norm(c, q + "norm1"),
+    "norm2": _norm(c, q + "norm2"),
+    "attn": {"qkv": _linear(c, q + "attn.qkv"), "proj": _linear(c, q + "attn.proj")},
+    "mlp": {"fc1": _linear(c, q + "mlp.fc1"), "fc2": _linear(c, q + "mlp.fc2")},
+  }
+
+
+def _conv3(w):
+  return np.ascontiguousarray(w.transpose(2, 3, 4, 1, 0))  # OIDHW -> DHWIO
+
+
+def qwen2_vl_nnx():
+  """Qwen2-VL in NNX towers of the user's own words: ``vision/merger/fc1`` is the checkpoint's
+  ``visual.merger.mlp.0`` (a sequential's first module at the tower's level, not a layer: layers
+  hold MLPs, never the other way round), a ``Conv3d`` patch embedding, a Qwen2 ``llm``."""
+  c = ld("qwen2_vl")
+  return "qwen2_vl", {
+    "vision": {
+      "patch_embed": {"kernel": _conv3(c["visual.patch_embed.proj.weight"])},
+      "blocks": [_qwen2_vl_vision_block(c, i) for i in range(2)],
+      "merger": {
+        "norm": _norm(c, "visual.merger.ln_q"),
+        "fc1": _linear(c, "visual.merger.mlp.0"),
+        "fc2": _linear(c, "visual.merger.mlp.2"),
+      },
+    },
+    "llm": {
+      "embed": {"embedding": c["model.embed_tokens.weight"]},
+      "layers": [_qwen2_vl_text_layer(c, i) for i in range(2)],
+      "norm": {"scale": c["model.norm.weight"]},
+      "lm_head": {"kernel": T(c["lm_head.weight"])},
+    },
+  }
+
+
+def qwen2_vl_scanned():
+  """The same model in the checkpoint's own words, both towers' layers under ``nnx.scan``."""
+  c = ld("qwen2_vl")
+  return "qwen2_vl", {
+    "visual": {
+      "patch_embed": {"proj": {"kernel": _conv3(c["visual.patch_embed.proj.weight"])}},
+      "blocks": _stacked([_qwen2_vl_vision_block(c, i) for i in range(2)]),
+      "merger": {
+        "ln_q": _norm(c, "visual.merger.ln_q"),
+        "mlp": {"0": _linear(c, "visual.merger.mlp.0"), "2": _linear(c, "visual.merger.mlp.2")},
+      },
+    },
+    "model": {
+      "embed_tokens": {"embedding": c["model.embed_tokens.weight"]},
+      "layers": _stacked([_qwen2_vl_text_layer(c, i) for i in range(2)]),
+      "norm": {"scale": c["model.norm.weight"]},
+    },
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+
+
+def qwen2_vl_big_vision():
+  """Its vision tower as big_vision writes a ViT (``encoderblock_{i}``, flax's attention with
+  q, k and v apart and heads split, ``MlpBlock_0``), the merger as ``Dense_0``/``Dense_1``:
+  the fused ``qkv``'s layout is all that is asked (its model type says none)."""
+  c = ld("qwen2_vl")
+  img = {"embedding": {"kernel": _conv3(c["visual.patch_embed.proj.weight"])}}
+  for i in range(2):
+    q = f"visual.blocks.{i}."
+    w, b = c[q + "attn.qkv.weight"], c[q + "attn.qkv.bias"]  # contiguous [q | k | v]
+    parts = {n: (w[j * 16 : (j + 1) * 16], b[j * 16 : (j + 1) * 16]) for j, n in enumerate(QKV)}
+    img[f"encoderblock_{i}"] = {
+      "LayerNorm_0": _norm(c, q + "norm1"),
+      "LayerNorm_1": _norm(c, q + "norm2"),
+      "MultiHeadDotProductAttention_0": {
+        **{
+          n: {"kernel": heads_in(pw, 2), "bias": pb.reshape(2, -1)} for n, (pw, pb) in parts.items()
+        },
+        "out": {"kernel": heads_out(c[q + "attn.proj.weight"], 2), "bias": c[q + "attn.proj.bias"]},
+      },
+      "MlpBlock_0": {"Dense_0": _linear(c, q + "mlp.fc1"), "Dense_1": _linear(c, q + "mlp.fc2")},
+    }
+  img["merger"] = {
+    "LayerNorm_0": _norm(c, "visual.merger.ln_q"),
+    "Dense_0": _linear(c, "visual.merger.mlp.0"),
+    "Dense_1": _linear(c, "visual.merger.mlp.2"),
+  }
+  llm = {
+    "embedder": {"input_embedding": c["model.embed_tokens.weight"]},
+    "layers": [_qwen2_vl_text_layer(c, i) for i in range(2)],
+    "final_norm": {"scale": c["model.norm.weight"]},
+    "head": {"kernel": T(c["lm_head.weight"])},
+  }
+  return "qwen2_vl", {"img": img, "llm": llm}
+
+
+QKV = ("query", "key", "value")
+
+
 MAPPED = {
   f.__name__: f
   for f in (
@@ -2298,6 +2406,8 @@ MAPPED = {
     conformer_linen,
     recurrent_gemma_official,
     recurrent_gemma_nnx,
+    qwen2_vl_nnx,
+    qwen2_vl_scanned,
     mobilenet_nnx,
     mobilenet_flax_auto,
     mobilenet_lists,
@@ -2356,6 +2466,9 @@ MAPPED = {
 }
 # what is still asked, and how many questions (each a concept: gate and up are one pair)
 ASKED = {
+  # the fused vision qkv's layout (its model type says none): one line for kernels and biases
+  "qwen2_vl_big_vision": (qwen2_vl_big_vision, 1, True),
+  "qwen2_vl_big_vision, no config": (qwen2_vl_big_vision, 1, False),
   "qwen3_flax_auto": (qwen3_flax_auto, 2, True),  # Mlp_0's Dense_0/Dense_1: gate and up
   # head/kernel (its bias follows): the class token's classifier or the distillation token's
   "deit_timm_nnx": (deit_timm_nnx, 1, True),
@@ -2394,6 +2507,8 @@ WITHOUT_CONFIG = (
   "conformer_linen",
   "recurrent_gemma_official",
   "recurrent_gemma_nnx",
+  "qwen2_vl_nnx",
+  "qwen2_vl_scanned",
   "mobilenet_nnx",
   "mobilenet_flax_auto",
   "mobilenet_lists",

@@ -303,10 +303,11 @@ _ROLE_WORDS = tuple(
 def indexes(previous: str, first: bool, inside: bool = False) -> bool:
   """Whether a number after the word ``previous`` indexes layers (or experts, heads): the
   first number of a name does, unless it numbers a sequential outside the layers
-  (``stem/0``); a later one only after a word that numbers its items (``experts.3``), and
-  not after ``layers`` ``inside`` a part of a layer (``mlp/layers/1``)."""
+  (``stem/0``; a part of a layer's, ``merger.mlp.0``: layers hold MLPs, never the other way
+  round); a later one only after a word that numbers its items (``experts.3``), and not
+  after ``layers`` ``inside`` a part of a layer (``mlp/layers/1``)."""
   if first:
-    return previous.lower() not in _SEQUENTIALS
+    return previous.lower() not in _SEQUENTIALS and not in_role(previous)
   if inside and _WORDS.get(previous.lower()) == ("layers",):
     return False
   return numbers_items(previous)
