@@ -650,6 +650,48 @@ MUTATIONS = (
     "  out = _grouped(singles, frozenset(by_name))\n",
     ("tests/test_match_unseen.py", "-k", "deit"),
   ),
+  Mutation(
+    "a list's place below a block numbered as a name's own",
+    "paramreg_jax/_src/match/numbering.py",
+    '    tokens = c.tokens | {"@" + ".".join(map(str, rest))} if rest else c.tokens\n',
+    '    tokens = c.tokens | {"#" + ".".join(map(str, rest))} if rest else c.tokens\n',
+    ("tests/test_match_unseen.py", "-k", "resnet_torch_names"),
+  ),
+  Mutation(
+    "torch's conv1, conv2 not a numbered family",
+    "paramreg_jax/_src/match/order.py",
+    "  elif n is None and (own := _OWN_NUMBER.match(module)):  # torch's conv1, conv2, bn1\n",
+    "  elif False and (own := _OWN_NUMBER.match(module)):\n",
+    ("tests/test_match_unseen.py", "-k", "resnet_torch_names or detr"),
+  ),
+  Mutation(
+    "a cross-attention's norm ranked after the MLP's",
+    "paramreg_jax/_src/match/order.py",
+    '    rank = {"attn": 0, "xattn": 4, "mlp": 6}[sublayer]',
+    '    rank = {"attn": 0, "xattn": 8, "mlp": 6}[sublayer]',
+    ("tests/test_match_unseen.py", "-k", "detr_linen"),
+  ),
+  Mutation(
+    "a decoder's norm2 read as its MLP's",
+    "paramreg_jax/_src/match/evidence.py",
+    '  role = {"1": "attn", "2": "xattn", "3": "mlp"}[m.group(2)] if cross else None\n',
+    '  role = {"1": "attn", "2": "mlp", "3": "xattn"}[m.group(2)] if cross else None\n',
+    ("tests/test_match_unseen.py", "-k", "detr_nnx"),
+  ),
+  Mutation(
+    "a stage-numbered backbone beside one-number layers left unread",
+    "paramreg_jax/_src/match/numbering.py",
+    "    if deep and theirs and len(deep) < len(blocks) and len(theirs) < len(numbered):\n",
+    "    if False:\n",
+    ("tests/test_match_unseen.py", "-k", "detr"),
+  ),
+  Mutation(
+    "a module's list of linears read as layers",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "  listed = _module_list(shape)\n",
+    "  listed = ()\n",
+    ("tests/test_match_unseen.py", "-k", "detr"),
+  ),
 )
 
 

@@ -5,7 +5,7 @@ BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, Re
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
 EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, a wav2vec 2.0 Conformer, RecurrentGemma
-(Griffin), Qwen2-VL, and a diffusion VAE, UNet and
+(Griffin), Qwen2-VL, DETR, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -359,6 +359,30 @@ CASES = {
         spatial_merge_size=2,
         temporal_patch_size=2,
       ),
+    )
+  ),
+  # DETR: a ResNet backbone (batch norms with running statistics), a 1x1 conv projection, an
+  # encoder and a decoder of one width (self- and cross-attention), learned queries, a box MLP
+  "detr": lambda: tf.DetrForObjectDetection(
+    tf.DetrConfig(
+      use_timm_backbone=False,
+      use_pretrained_backbone=False,
+      backbone_config=tf.ResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        layer_type="basic",
+        out_features=["stage2"],
+      ),
+      d_model=32,
+      encoder_layers=2,
+      decoder_layers=2,
+      encoder_attention_heads=4,
+      decoder_attention_heads=4,
+      encoder_ffn_dim=64,
+      decoder_ffn_dim=64,
+      num_queries=5,
+      num_labels=3,
     )
   ),
 }

@@ -157,3 +157,40 @@ def test_bart_forward_pass_matches_pytorch_with_no_hints(stacked, tmp_path):
   assert sorted(back.keys()) == sorted(want.keys())
   for k in want.keys():
     assert want.lease(k).read().tobytes() == back.lease(k).read().tobytes(), k
+
+
+# the norms as NNX ports of torch code number them: a decoder layer's three in call order
+_NUMBERED = {
+  "encoder": {"self_attn_norm": "norm1", "mlp_norm": "norm2"},
+  "decoder": {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "mlp_norm": "norm3"},
+}
+
+
+def _renamed(tree, names):
+  """``tree`` with each layer's norms renamed by ``names[stack]`` (or back, inverted)."""
+  out = dict(tree)
+  for stack, rename in names.items():
+    out[stack] = {
+      k: ({rename.get(m, m): p for m, p in v.items()} if k.startswith("layers") else v)
+      for k, v in tree[stack].items()
+    }
+  return out
+
+
+def test_a_decoder_layers_norm1_norm2_norm3_are_self_cross_and_mlp_by_the_forward_pass():
+  """``norm2`` of a decoder layer beside a cross-attention is the cross-attention's norm,
+  ``norm3`` the MLP's (``norm2`` is the MLP's in the encoder's block of two). Both are one
+  shape: these loaded swapped, with no error, before three numbered norms were read so."""
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  src = SafetensorsSource(hf.DATA / NAME / "model.safetensors")
+  tree = _renamed(target(c, False), _NUMBERED)
+  m = prj.match(tree, src)
+  assert any(
+    t == "decoder/layers_0/norm2/scale" and "encoder_attn_layer_norm" in e for t, e, _ in m.rows()
+  )
+  restored = prj.restore(tree, src, recipes=m)
+  back = {s: {v: k for k, v in names.items()} for s, names in _NUMBERED.items()}
+  params = canonical(c, _renamed(restored, back), False)
+  got = np.asarray(forward(c, params, ref["input_ids"], ref["decoder_input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))

@@ -14,6 +14,8 @@ from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import numbering
+from paramreg_jax._src.match import order
 from paramreg_jax._src.match.vocabulary import concepts
 
 
@@ -288,3 +290,90 @@ def test_a_sibling_named_alike_places_a_norm_beside_its_conv_and_numbers_pair_no
   # a third module sharing the word: "initial" names no one pair
   decided["net/initial_pool/w"] = ("pool.weight",)
   assert coherence.settle_by_subtree(open_, decided, lambda c: c[:1]) == {}
+
+
+def test_a_list_below_a_block_counts_from_0_and_a_name_from_1():
+  """transformers' ``layer.{j}`` below a block is a place ``@j`` counted from 0; torch's
+  ``conv1`` is ``#1``, counted from 1. They must never be equal tokens: then ``conv1`` would
+  take ``layer.1``, the block's second convolution. Only the order within one kind counts."""
+  assert numbering.position("@0") == 0 and numbering.position("#1") == 1
+  assert numbering.position("@x") is None and numbering.position("conv") is None
+  targets = [
+    (f"ResNetBlock_{n}/{m}/kernel", (3, 3, 4, 4)) for n in range(2) for m in ("conv1", "conv2")
+  ]
+  folded = {
+    f"stages.{s}.layers.0.layer.{j}.convolution.weight": concepts(
+      f"stages.{s}.layers.0.layer.{j}.convolution.weight"
+    )
+    for s in range(2)
+    for j in range(2)
+  }
+  shapes = {k: (4, 4, 3, 3) for k in folded}
+  read, pairs = numbering.across_stages(folded, shapes, targets)
+  assert pairs == (("0", "(0, 0)"), ("1", "(1, 0)"))
+  second = read["stages.1.layers.0.layer.1.convolution.weight"]
+  assert second.indices == (1,) and "@1" in second.tokens and "#1" not in second.tokens
+  # the target's own number from its name is a sibling number: conv1 before conv2
+  assert order._sibling("ResNetBlock_0/conv2/kernel") == (("ResNetBlock_0", "conv", "kernel"), 2)
+  assert order._sibling("ResNetBlock_0/fc/kernel") == (("ResNetBlock_0", "fc", "kernel"), 0)
+
+
+def test_a_stage_numbered_backbone_is_read_beside_one_number_layers():
+  """DETR: the target's two-number backbone blocks are read against the checkpoint's
+  stage-numbered tensors alone, while its one-number encoder layers stay as they are."""
+  targets = [(f"backbone/Stage_{s}/Block_0/conv1/kernel", (3, 3, 4, 4)) for s in range(2)]
+  targets += [(f"encoder/layers/{i}/fc1/kernel", (8, 8)) for i in range(2)]
+  names = [f"backbone.stages.{s}.layers.0.layer.0.convolution.weight" for s in range(2)]
+  names += [f"encoder.layers.{i}.fc1.weight" for i in range(2)]
+  folded = {k: concepts(k) for k in names}
+  shapes = {k: (4, 4, 3, 3) if "backbone" in k else (8, 8) for k in names}
+  read, pairs = numbering.across_stages(folded, shapes, targets)
+  assert pairs == (("(0, 0)", "(0, 0)"), ("(1, 0)", "(1, 0)"))
+  assert read[names[1]].indices == (1, 0) and "@0" in read[names[1]].tokens
+  assert read[names[2]] == folded[names[2]]  # the encoder's layers: untouched
+  # the backbone's blocks alone do not fit the target's (a third stage): nothing is read
+  del targets[1]
+  assert numbering.across_stages(folded, shapes, targets) == (folded, ())
+
+
+def test_three_numbered_norms_beside_a_cross_attention_are_its_three_sublayers():
+  """A decoder layer's ``norm1``, ``norm2``, ``norm3`` beside a cross-attention are the
+  self-attention's, the cross-attention's and the MLP's (``norm2`` is the MLP's only in a
+  block of two); without a cross-attention, three norms say no sublayer."""
+  cross = {"self_attn", "cross_attn", "mlp", "norm1", "norm2", "norm3"}
+  roles = {
+    n: evidence.three_norm_tokens(concepts(f"{n}/scale").tokens, n, cross)
+    & {"attn", "xattn", "mlp"}
+    for n in ("norm1", "norm2", "norm3")
+  }
+  assert roles == {"norm1": {"attn"}, "norm2": {"xattn"}, "norm3": {"mlp"}}
+  plain = {"attn", "conv", "mlp", "norm1", "norm2", "norm3"}
+  for n in ("norm1", "norm2", "norm3"):
+    got = evidence.three_norm_tokens(concepts(f"{n}/scale").tokens, n, plain)
+    assert not got & {"attn", "xattn", "mlp"}
+  two = {"attn", "mlp", "norm1", "norm2"}  # a block of two: left to the rules that know it
+  assert evidence.three_norm_tokens(frozenset({"norm", "mlp"}), "norm2", two) == {"norm", "mlp"}
+  # the checkpoint's side: norm1..3 beside a cross-attention, found at any depth below
+  src = {
+    f"blocks.0.{m}.weight": concepts(f"blocks.0.{m}.weight") for m in ("norm1", "norm2", "norm3")
+  }
+  src["blocks.0.encoder_attn.q.weight"] = concepts("blocks.0.encoder_attn.q.weight")
+  before = dict(src)
+  evidence.three_norms(src)
+  assert "mlp" in before["blocks.0.norm2.weight"].tokens  # alone, the vocabulary's reading
+  roles = {
+    m: src[f"blocks.0.{m}.weight"].tokens & {"attn", "xattn", "mlp"}
+    for m in cross - {"self_attn", "cross_attn", "mlp"}
+  }
+  assert roles == {"norm1": {"attn"}, "norm2": {"xattn"}, "norm3": {"mlp"}}
+
+
+def test_a_modules_list_of_linears_is_not_layers():
+  """DETR's ``bbox_predictor.layers.{j}``: under a named module, a list of items that hold a
+  weight and a bias is that module's, numbered ``@j``; a bare parameter right in a layer
+  (BEiT's ``layer.3.lambda_1``) and a model's own ``layers.{i}`` stay layers."""
+  c = concepts("bbox_predictor.layers.2.weight")
+  assert c.indices == () and "@2" in c.tokens
+  assert concepts("model.decoder.layers.1.fc1.weight").indices == (1,)
+  assert concepts("model.layers.1.fc1.weight").indices == (1,)  # an item holding modules
+  assert concepts("beit.encoder.layer.3.lambda_1").indices == (3,)

@@ -8,8 +8,9 @@ stacked layers with heads split (out-first, as haliax writes them too), flax's
 MaxText's DeepSeek-V3 (latent attention, a router with its score-correction bias, shared and
 stacked routed experts), Qwen2-MoE in NNX, ModernBERT with its fused ``Wqkv``/``Wi`` kept or
 split, Gemma 2 as Google's gemma library keeps it, Phi in haiku, Mamba as a flax port
-keeps it, a Conformer in lingvo's and praxis's words and in NeMo's, and RecurrentGemma as
-google-deepmind/recurrentgemma keeps it.
+keeps it, a Conformer in lingvo's and praxis's words and in NeMo's, RecurrentGemma as
+google-deepmind/recurrentgemma keeps it, Qwen2-VL's two towers, DETR (a stage-numbered ResNet
+backbone beside one-number encoder and decoder layers) and a ResNet in torch's ``conv1``/``bn1``.
 
 The checkpoints are tiny random Hugging Face models (``make_unseen_fixtures.py``). Each case
 also writes out, by hand, what every leaf must hold (the transposes, head splits, conv layouts
@@ -2397,11 +2398,170 @@ def qwen2_vl_big_vision():
 QKV = ("query", "key", "value")
 
 
+def resnet_torch_names():
+  """ResNet as a linen port of torchvision's writes it: ``BasicBlock_{n}`` numbered across the
+  stages, each with ``conv1``/``bn1``/``conv2``/``bn2`` (torch counts from 1: ``conv1`` is the
+  checkpoint's ``layer.0``, never ``layer.1``) and ``downsample_conv``/``downsample_bn``."""
+  c, r = ld("resnet"), "resnet.encoder.stages."
+
+  def bn(q):
+    return (
+      {"scale": c[q + ".weight"], "bias": c[q + ".bias"]},
+      {"mean": c[q + ".running_mean"], "var": c[q + ".running_var"]},
+    )
+
+  P, B = {}, {}
+  P["conv_init"] = {"kernel": conv2(c["resnet.embedder.embedder.convolution.weight"])}
+  P["bn_init"], B["bn_init"] = bn("resnet.embedder.embedder.normalization")
+  for n, (s, b) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+    q, bp, bb = f"{r}{s}.layers.{b}.", {}, {}
+    for j in range(2):
+      bp[f"conv{j + 1}"] = {"kernel": conv2(c[f"{q}layer.{j}.convolution.weight"])}
+      bp[f"bn{j + 1}"], bb[f"bn{j + 1}"] = bn(f"{q}layer.{j}.normalization")
+    if (s, b) == (1, 0):
+      bp["downsample_conv"] = {"kernel": conv2(c[q + "shortcut.convolution.weight"])}
+      bp["downsample_bn"], bb["downsample_bn"] = bn(q + "shortcut.normalization")
+    P[f"BasicBlock_{n}"], B[f"BasicBlock_{n}"] = bp, bb
+  P["fc"] = {"kernel": T(c["classifier.1.weight"]), "bias": c["classifier.1.bias"]}
+  return "resnet", {"params": P, "batch_stats": B}
+
+
+def _detr_backbone(c):
+  """DETR's ResNet backbone as a linen port writes it: ``ResidualStage_{s}/BasicBlock_{b}``
+  with torch's ``conv1``/``bn1`` names, the checkpoint's ``stages.{s}.layers.{b}.layer.{j}``."""
+  r = "model.backbone.conv_encoder.model."
+
+  def bn(k):
+    return (
+      {"scale": c[k + ".weight"], "bias": c[k + ".bias"]},
+      {"mean": c[k + ".running_mean"], "var": c[k + ".running_var"]},
+    )
+
+  p, s = {}, {}
+  p["stem_conv"] = {"kernel": conv2(c[r + "embedder.embedder.convolution.weight"])}
+  p["stem_bn"], s["stem_bn"] = bn(r + "embedder.embedder.normalization")
+  for st in range(2):
+    q, blk, bst = f"{r}encoder.stages.{st}.layers.0.", {}, {}
+    for j in range(2):
+      blk[f"conv{j + 1}"] = {"kernel": conv2(c[q + f"layer.{j}.convolution.weight"])}
+      blk[f"bn{j + 1}"], bst[f"bn{j + 1}"] = bn(q + f"layer.{j}.normalization")
+    if st == 1:
+      blk["proj_conv"] = {"kernel": conv2(c[q + "shortcut.convolution.weight"])}
+      blk["proj_bn"], bst["proj_bn"] = bn(q + "shortcut.normalization")
+    p[f"ResidualStage_{st}"] = {"BasicBlock_0": blk}
+    s[f"ResidualStage_{st}"] = {"BasicBlock_0": bst}
+  return p, s
+
+
+def _detr_mha(c, a):
+  return {
+    **{n: _linear(c, a + f"{s}_proj", heads=4) for n, s in (("query", "q"), ("key", "k"))},
+    "value": _linear(c, a + "v_proj", heads=4),
+    "out": _linear(c, a + "out_proj", heads=4, out=True),
+  }
+
+
+def detr_linen():
+  """DETR as a linen port writes it: the stage-numbered ResNet backbone beside one-number
+  ``encoderblock_{i}``/``decoderblock_{i}`` (flax's attention with heads split,
+  ``LayerNorm_0..2`` in call order: the self-attention's, the cross-attention's, the MLP's),
+  the box head's ``Dense_0..2`` (the checkpoint's ``bbox_predictor.layers.{j}``: a list of one
+  module's linears, not layers). Asked: ``class_embed``."""
+  c = ld("detr")
+  bp, bs = _detr_backbone(c)
+  enc, dec = {}, {}
+  for i in range(2):
+    q = f"model.encoder.layers.{i}."
+    enc[f"encoderblock_{i}"] = {
+      "MultiHeadDotProductAttention_0": _detr_mha(c, q + "self_attn."),
+      "LayerNorm_0": _norm(c, q + "self_attn_layer_norm"),
+      "MlpBlock_0": {"Dense_0": _linear(c, q + "fc1"), "Dense_1": _linear(c, q + "fc2")},
+      "LayerNorm_1": _norm(c, q + "final_layer_norm"),
+    }
+    q = f"model.decoder.layers.{i}."
+    dec[f"decoderblock_{i}"] = {
+      "self_attention": _detr_mha(c, q + "self_attn."),
+      "LayerNorm_0": _norm(c, q + "self_attn_layer_norm"),
+      "cross_attention": _detr_mha(c, q + "encoder_attn."),
+      "LayerNorm_1": _norm(c, q + "encoder_attn_layer_norm"),
+      "MlpBlock_0": {"Dense_0": _linear(c, q + "fc1"), "Dense_1": _linear(c, q + "fc2")},
+      "LayerNorm_2": _norm(c, q + "final_layer_norm"),
+    }
+  dec["decoder_norm"] = _norm(c, "model.decoder.layernorm")
+  params = {
+    "backbone": bp,
+    "input_proj": {
+      "kernel": conv2(c["model.input_projection.weight"]),
+      "bias": c["model.input_projection.bias"],
+    },
+    "query_emb": {"embedding": c["model.query_position_embeddings.weight"]},
+    "transformer": {"encoder": enc, "decoder": dec},
+    "class_embed": _linear(c, "class_labels_classifier"),
+    "bbox_embed": {f"Dense_{j}": _linear(c, f"bbox_predictor.layers.{j}") for j in range(3)},
+  }
+  return "detr", {"params": params, "batch_stats": {"backbone": bs}}
+
+
+def detr_nnx():
+  """The same model in NNX: batch statistics beside each norm's scale, layers in lists, a
+  decoder layer's ``norm1``/``norm2``/``norm3`` (the self-attention's, the cross-attention's,
+  the MLP's: ``norm2`` is the MLP's only in a block of two), ``box_head/layers/{j}``. Asked:
+  ``class_head`` and ``queries`` (a bare ``[queries, d]`` table)."""
+  c = ld("detr")
+  bp, bs = _detr_backbone(c)
+  bp["stem_bn"].update(bs["stem_bn"])
+  for st in range(2):
+    for n, stats in bs[f"ResidualStage_{st}"]["BasicBlock_0"].items():
+      bp[f"ResidualStage_{st}"]["BasicBlock_0"][n].update(stats)
+
+  def attn(a):
+    return {n: _linear(c, a + f"{s}_proj") for n, s in zip("qkvo", ("q", "k", "v", "out"))}
+
+  def mlp(q):
+    return {"fc1": _linear(c, q + "fc1"), "fc2": _linear(c, q + "fc2")}
+
+  enc, dec = [], []
+  for i in range(2):
+    q = f"model.encoder.layers.{i}."
+    enc.append(
+      {
+        "attn": attn(q + "self_attn."),
+        "norm1": _norm(c, q + "self_attn_layer_norm"),
+        "mlp": mlp(q),
+        "norm2": _norm(c, q + "final_layer_norm"),
+      }
+    )
+    q = f"model.decoder.layers.{i}."
+    dec.append(
+      {
+        "self_attn": attn(q + "self_attn."),
+        "norm1": _norm(c, q + "self_attn_layer_norm"),
+        "cross_attn": attn(q + "encoder_attn."),
+        "norm2": _norm(c, q + "encoder_attn_layer_norm"),
+        "mlp": mlp(q),
+        "norm3": _norm(c, q + "final_layer_norm"),
+      }
+    )
+  return "detr", {
+    "backbone": bp,
+    "input_proj": {
+      "kernel": conv2(c["model.input_projection.weight"]),
+      "bias": c["model.input_projection.bias"],
+    },
+    "queries": c["model.query_position_embeddings.weight"],
+    "encoder": {"layers": enc},
+    "decoder": {"layers": dec, "norm": _norm(c, "model.decoder.layernorm")},
+    "class_head": _linear(c, "class_labels_classifier"),
+    "box_head": {"layers": [_linear(c, f"bbox_predictor.layers.{j}") for j in range(3)]},
+  }
+
+
 MAPPED = {
   f.__name__: f
   for f in (
     vit_mae_scanned,
     resnet_haiku,
+    resnet_torch_names,
     conformer_praxis_nnx,
     conformer_linen,
     recurrent_gemma_official,
@@ -2469,6 +2629,13 @@ ASKED = {
   # the fused vision qkv's layout (its model type says none): one line for kernels and biases
   "qwen2_vl_big_vision": (qwen2_vl_big_vision, 1, True),
   "qwen2_vl_big_vision, no config": (qwen2_vl_big_vision, 1, False),
+  # class_embed [d, 3 classes + 1]: the box MLP's last linear ([d, 4 coordinates]) fits too,
+  # and no name says which (only elimination would: never outside a layer)
+  "detr_linen": (detr_linen, 1, True),
+  "detr_linen, no config": (detr_linen, 1, False),
+  # class_head and queries: a classifier and a bare table no checkpoint name says
+  "detr_nnx": (detr_nnx, 2, True),
+  "detr_nnx, no config": (detr_nnx, 2, False),
   "qwen3_flax_auto": (qwen3_flax_auto, 2, True),  # Mlp_0's Dense_0/Dense_1: gate and up
   # head/kernel (its bias follows): the class token's classifier or the distillation token's
   "deit_timm_nnx": (deit_timm_nnx, 1, True),
@@ -2503,6 +2670,7 @@ def test_maps_with_no_hint_and_every_leaf_is_the_hand_conversion(case):
 WITHOUT_CONFIG = (
   "vit_mae_scanned",
   "resnet_haiku",
+  "resnet_torch_names",
   "conformer_praxis_nnx",
   "conformer_linen",
   "recurrent_gemma_official",
@@ -2757,9 +2925,6 @@ def _timm_vit_names(c):
     out[b + "ls1.gamma"] = c[q + "layer_scale1.lambda1"]
     out[b + "ls2.gamma"] = c[q + "layer_scale2.lambda1"]
   return out
-
-
-QKV = ("query", "key", "value")
 
 
 def _without_mask_token(expect):

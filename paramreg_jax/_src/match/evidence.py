@@ -251,11 +251,58 @@ def target_concepts(name: str, slot_names: list[str], ck: Checkpoint) -> Concept
     c = dataclasses.replace(c, tokens=c.tokens | {"layers"})
   if c.tokens & _STACKS - ck.tokens:
     c = dataclasses.replace(c, tokens=c.tokens - (_STACKS - ck.tokens))
+  c = _three_norms(c, name, slot_names)
   if _POST_ATTN.search(name) and (
     facts.post_norms or any(_MLP_NORM_TARGET.search(n) for n in slot_names)
   ):
     return dataclasses.replace(c, tokens=frozenset((c.tokens - {"mlp"}) | {"attn", "post"}))
   return c
+
+
+# a norm numbered in its own name: timm's norm1/norm2, GPT-2's ln_1/ln_2, a decoder's norm3
+_NUMBERED_NORM = re.compile(r"^(norm|ln|layernorm|layer_norm)_?([1-3])$")
+
+
+def _three_norms(c: Concepts, name: str, slot_names: list[str]) -> Concepts:
+  """A target leaf read by :func:`three_norm_tokens` among its module's siblings."""
+  parts = name.split("/")
+  if len(parts) < 2 or not _NUMBERED_NORM.match(parts[-2].lower()):
+    return c
+  prefix = "/".join(parts[:-2]) + "/" if len(parts) > 2 else ""
+  siblings = {n[len(prefix) :].split("/")[0] for n in slot_names if n.startswith(prefix)}
+  return dataclasses.replace(c, tokens=three_norm_tokens(c.tokens, parts[-2], siblings))
+
+
+def three_norms(src: dict[str, Concepts]) -> None:
+  """The checkpoint's numbered norms read by :func:`three_norm_tokens` (diffusers' transformer
+  blocks: ``norm1``, ``norm2``, ``norm3`` beside ``attn1``, ``attn2``, ``ff``)."""
+  children: dict[str, set[str]] = {}  # each module's own modules, whatever lies below them
+  for k in src:
+    parts = k.split(".")[:-1]
+    for i in range(1, len(parts)):
+      children.setdefault(".".join(parts[:i]), set()).add(parts[i])
+  for k, c in src.items():
+    parent, _, module = k.rpartition(".")[0].rpartition(".")
+    if _NUMBERED_NORM.match(module.lower()):
+      src[k] = dataclasses.replace(c, tokens=three_norm_tokens(c.tokens, module, children[parent]))
+
+
+def three_norm_tokens(tokens: frozenset[str], module: str, siblings: set[str]) -> frozenset[str]:
+  """A block's numbered norm (``module``) read by its place where the block has three: a
+  decoder's ``norm1``, ``norm2``, ``norm3`` are its self-attention's, its cross-attention's
+  and its MLP's where a sibling is a cross-attention (``norm2`` is the MLP's only in a block
+  of two), and say no sublayer otherwise (then told apart by other evidence, or asked)."""
+  m = _NUMBERED_NORM.match(module.lower())
+  numbered = [k for s in siblings if (k := _NUMBERED_NORM.match(s.lower()))]
+  if m is None or "3" not in {k.group(2) for k in numbered}:
+    return tokens
+  if {k.group(1) for k in numbered} != {m.group(1)}:
+    return tokens
+  cross = any("xattn" in concepts(s).tokens for s in siblings)
+  role = {"1": "attn", "2": "xattn", "3": "mlp"}[m.group(2)] if cross else None
+  return frozenset(
+    (tokens - {"attn", "xattn", "mlp", f"#{m.group(2)}"}) | ({role} if role else set())
+  )
 
 
 def gate_and_up(c: Concepts, shape: tuple[int, ...], slot_names: list[str]) -> Concepts:

@@ -8,13 +8,16 @@ the ``n``-th ``(stage, block)`` of the checkpoint. That is read as evidence only
 
 - every numbered target leaf has one layer number, and they are ``0 .. N-1`` (N >= 2);
 - every numbered checkpoint tensor has at least two (no expert or head numbers), and its
-  ``(first, second)`` pairs are exactly N;
+  ``(first, second)`` pairs are exactly N (or, in a model whose other layers have one
+  number, DETR's transformer beside its ResNet backbone, the target's two-number blocks and
+  the checkpoint's tensors of two numbers or more, alone: haiku's
+  ``block_group_{s}/~/block_{b}``, a linen ``ResidualStage_{s}/BasicBlock_{b}``);
 - the shapes agree in that order: every block's target leaves find tensors of their sizes,
   each a distinct one, under the checkpoint's block of the same rank.
 
 Then each checkpoint tensor is read at the target's layer number, and a number below the
 block (transformers' ``layers.{b}.layer.{j}``: the block's own sequence of conv units) becomes
-the token ``#j``: ``order`` pairs the target's numbered siblings (``Conv_0``, ``Conv_1``) with
+the token ``@j`` (never equal to ``conv1``'s ``#1``: a list counts from 0): ``order`` pairs the target's numbered siblings (``Conv_0``, ``Conv_1``) with
 tensors named alike but for it, in that order. Anything else is left as it was: the leaves
 find no tensor at their layer and are refused as before.
 
@@ -44,8 +47,11 @@ from paramreg_jax._src.match.vocabulary import numbers_items
 
 
 def position(token: str) -> int | None:
-  """The number of a ``#j`` token (a module's place in its block's sequence), else None."""
-  if token.startswith("#") and token[1:].isdigit():
+  """The number of a ``#j`` token (a module's place in its block's sequence: ``conv2``'s, from
+  its own name) or an ``@j`` one (a list's item below a block, ``layer.{j}``), else None. The
+  two never equal each other: ``conv1`` counts from 1, a list from 0; only their order within
+  one kind is evidence."""
+  if token[:1] in ("#", "@") and token[1:].isdigit():
     return int(token[1:])
   return None
 
@@ -73,21 +79,44 @@ def across_stages(
   for name, shape in targets:
     if indices := concepts(name).indices:
       blocks.setdefault(indices, []).append(shape)
+  numbered = {k: c for k, c in folded.items() if c.indices}
+  read = _read(blocks, numbered, shapes)
+  if read is None:
+    # a model with one-number layers beside a stage-numbered backbone (DETR): the target's
+    # two-number blocks against the checkpoint's tensors of two numbers or more, alone
+    deep: dict[tuple[int, ...], list[tuple[int, ...]]] = {
+      b: s for b, s in blocks.items() if len(b) == 2
+    }
+    theirs = {k: c for k, c in numbered.items() if len(c.indices) >= 2}
+    if deep and theirs and len(deep) < len(blocks) and len(theirs) < len(numbered):
+      read = _read(deep, theirs, shapes)
+  if read is None:
+    return folded, ()
+  out, pairs = read
+  return {**folded, **out}, pairs
+
+
+def _read(
+  blocks: Mapping[tuple[int, ...], list[tuple[int, ...]]],
+  numbered: Mapping[str, Concepts],
+  shapes: Mapping[str, tuple[int, ...]],
+) -> tuple[dict[str, Concepts], tuple[tuple[str, str], ...]] | None:
+  """The checkpoint's ``numbered`` tensors read at the target's ``blocks`` (``{layer: its
+  leaves' shapes}``) in order, and the pairs; None where the conditions above do not hold."""
   ours = sorted(blocks)
   depth = {len(i) for i in ours}
   if len(ours) < 2 or len(depth) != 1 or not depth <= {1, 2}:
-    return folded, ()
+    return None
   if depth == {1} and ours != [(j,) for j in range(len(ours))]:
-    return folded, ()
-  numbered = {k: c for k, c in folded.items() if c.indices}
+    return None
   if not numbered or any(
     len(c.indices) < 2 or c.tokens & {"experts", "heads"} for c in numbered.values()
   ):
-    return folded, ()
+    return None
   theirs = sorted({c.indices[:2] for c in numbered.values()})
   below = any(len(c.indices) > 2 for c in numbered.values())
   if len(theirs) != len(ours) or (depth == {2} and theirs == ours and not below):
-    return folded, ()  # (a stage's blocks numbered alike on both sides: nothing to read)
+    return None  # (a stage's blocks numbered alike on both sides: nothing to read)
   rank = {pair: i for i, pair in enumerate(theirs)}
   under: dict[int, list[int]] = {}
   for k, c in numbered.items():
@@ -95,11 +124,11 @@ def across_stages(
   for i, block in enumerate(ours):
     want = collections.Counter(math.prod(s) for s in blocks[block])
     if want - collections.Counter(under[i]):
-      return folded, ()
-  out = dict(folded)
+      return None
+  out = {}
   for k, c in numbered.items():
     rest = c.indices[2:]
-    tokens = c.tokens | {"#" + ".".join(map(str, rest))} if rest else c.tokens
+    tokens = c.tokens | {"@" + ".".join(map(str, rest))} if rest else c.tokens
     out[k] = dataclasses.replace(c, indices=ours[rank[c.indices[:2]]], tokens=frozenset(tokens))
   return out, tuple((_said(ours[i]), str(pair)) for i, pair in enumerate(theirs))
 

@@ -48,13 +48,14 @@ from paramreg_jax._src.match.vocabulary import concepts
 
 _PATH = re.compile(r"/|~1~0~1|~1")  # haiku's "layer_0/~/linear_1" module is one escaped key
 _NUMBERED = re.compile(r"^(?P<base>.*?)(?:_(?P<n>\d+))?$")
+_OWN_NUMBER = re.compile(r"^([A-Za-z]{2,}?)(\d+)$")  # a module numbered in its own name
 # call order; gate and up share a rank: code calls them either way round
 _RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 4, "down": 5}
 
 
 def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
   """``((parent, base, leaf), number)`` of ``parent/Base_N/leaf`` (haiku's ``base`` is 0, a
-  ``Sequential``'s ``parent/N/leaf`` has base ``""``)."""
+  ``Sequential``'s ``parent/N/leaf`` has base ``""``, torch's ``conv2`` is ``conv``'s 2)."""
   parts = _PATH.split(name)
   if len(parts) < 2:
     return None
@@ -65,6 +66,8 @@ def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
   base, n = m.group("base"), m.group("n")
   if module.isdigit():
     base, n = "", module
+  elif n is None and (own := _OWN_NUMBER.match(module)):  # torch's conv1, conv2, bn1
+    base, n = own.group(1), own.group(2)
   return ("/".join(parts[:-2]), base, leaf), int(n or 0)
 
 
@@ -115,16 +118,18 @@ def role(tokens: frozenset[str]) -> tuple[str, int] | None:
   if "layerscale" in tokens and len({"attn", "mlp"} & tokens) == 1:  # scales what it follows
     return ("attn layer scale", 8) if "attn" in tokens else ("mlp layer scale", 9)
   if "norm" in tokens:
-    stage = 0 if "attn" in tokens else 2 if "mlp" in tokens else None
-    if stage is None or ("attn" in tokens and "mlp" in tokens):
+    sublayers = [s for s in ("attn", "xattn", "mlp") if s in tokens]
+    if len(sublayers) != 1:
       return None
-    if stage == 0 and len({"q", "k"} & tokens) == 1:  # q_norm, k_norm: q's is applied first
+    (sublayer,) = sublayers
+    if sublayer == "attn" and len({"q", "k"} & tokens) == 1:  # q_norm, k_norm: q's first
       which = "q" if "q" in tokens else "k"
       return f"{which} norm", 1 if which == "q" else 2
     post = "post" in tokens
-    return f"{'attn' if stage == 0 else 'mlp'} {'post-norm' if post else 'norm'}", (
-      2 * stage + 3 * post
-    )
+    # the self-attention's norms (q and k norms between), a decoder's cross-attention's,
+    # then the MLP's, each pre-norm before its post-norm
+    rank = {"attn": 0, "xattn": 4, "mlp": 6}[sublayer] + (3 if sublayer == "attn" else 1) * post
+    return f"{sublayer} {'post-norm' if post else 'norm'}", rank
   found = [r for r in _RANKS if r in tokens]
   return (found[0], _RANKS[found[0]]) if len(found) == 1 else None
 
@@ -196,7 +201,7 @@ def _ranked(
   tensors: frozenset[tuple[str, ...]], ck: Checkpoint, units: Callable[[], Mapping[str, int]]
 ) -> list[tuple[tuple[str, ...], str, int]] | None:
   """``(tensor, role, rank)`` in call order, or None if any role is unknown or shared.
-  Tensors named alike but for their place in a block's sequence (``#j``, from ``numbering``)
+  Tensors named alike but for their place in a block's sequence (``#j``, ``@j``: ``numbering``)
   are in the order of those places; tensors each in a unit another numbered family's
   members came from (``units``), in the order of those members."""
   placed = _in_sequence(tensors, ck)
@@ -221,16 +226,17 @@ def _ranked(
 def _in_sequence(
   tensors: frozenset[tuple[str, ...]], ck: Checkpoint
 ) -> list[tuple[tuple[str, ...], str, int]] | None:
-  """``(tensor, role, place)`` of single tensors whose names differ only in their ``#j``
-  place, in that order; None if they differ in anything else."""
+  """``(tensor, role, place)`` of single tensors whose names differ only in their ``#j`` or
+  ``@j`` place, in that order; None if they differ in anything else."""
   placed, rest = [], set()
   for keys in tensors:
     c = ck.concepts.get(keys[0]) if len(keys) == 1 else None
-    places = [p for t in c.tokens if (p := numbering.position(t)) is not None] if c else []
+    places = [(t, p) for t in c.tokens if (p := numbering.position(t)) is not None] if c else []
     if c is None or len(places) != 1:
       return None
-    placed.append((keys, f"one in its block's module {places[0]}", places[0]))
-    rest.add(c.tokens - {f"#{places[0]}"})
+    ((token, place),) = places
+    placed.append((keys, f"one in its block's module {place}", place))
+    rest.add(c.tokens - {token})
   if len(rest) != 1 or len({p for _, _, p in placed}) != len(placed):
     return None
   return sorted(placed, key=lambda p: p[2])

@@ -373,6 +373,7 @@ def _read_checkpoint(
   facts = config_facts.facts_from_config(config)
   folded, grouped, unsplit = numbering.in_groups(folded, targets, facts.layer_types)
   evidence.norm_roles(folded, facts)
+  evidence.three_norms(folded)
   evidence.fused_inputs(folded, shapes)
   ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
   # a target's list of lists numbers layers only where the checkpoint's layers have two

@@ -422,9 +422,10 @@ def _words(
   inside = False  # in a part of a layer since the last index
   staged = False  # the word before was a stage (layer2): this number is its block's
   stacked = False  # under a stack of layers no number names (MaxText's ``moe_layers``)
+  listed = _module_list(shape)
   for n, raw in enumerate(shape):
     word = raw.lower()
-    if n == 0 and word in noise:
+    if (n == 0 and word in noise) or (not where and not stacked and n in listed):
       continue
     container = _container(word, bool(where) or stacked)
     if not where and is_stage(word):
@@ -451,6 +452,18 @@ def _words(
     staged = False
   tokens, kind, bare = _fold(tuple(parts), bool(where) or stacked)
   return tokens, kind, bare, tuple(where)
+
+
+def _module_list(shape: tuple[str, ...]) -> tuple[int, ...]:
+  """The positions of a ``layers`` word and its number that list a module's single linears,
+  not the model's layers (DETR's ``bbox_predictor.layers.0.weight``: under a named module,
+  each item holds its weight and bias and nothing else, while a layer holds modules)."""
+  if len(shape) < 4 or shape[-2] != "#" or shape[-1].lower() not in _KIND_WORDS:
+    return ()  # (a bare parameter right in a layer, BEiT's layer.3.lambda_1, is the layer's)
+  word, owner = shape[-3].lower(), shape[-4].lower()
+  if _WORDS.get(word) != ("layers",) or owner == "#" or _WORDS.get(owner, (owner,)) == ():
+    return ()
+  return (len(shape) - 3, len(shape) - 2)
 
 
 _BY_FIRST: dict[str, tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {}
@@ -679,6 +692,9 @@ def concepts(name: str, noise: frozenset[str] = frozenset()) -> Concepts:
   # names are one dict key: "layer_0~1~0~1mlp"); its words are words all the same
   name = name.replace("~1", "/").replace("~0", "~")
   words = _SEPARATORS.split(name.strip("./~"))
-  tokens, kind, bare, where = _words(tuple("#" if w.isdigit() else w for w in words), noise)
+  shape = tuple("#" if w.isdigit() else w for w in words)
+  tokens, kind, bare, where = _words(shape, noise)
   indices = [int(words[i]) if group is None else _container_number(words[i]) for i, group in where]
+  if not indices and (listed := _module_list(shape)):
+    tokens |= {f"@{int(words[listed[1]])}"}  # its item's place in the list, counted from 0
   return Concepts(name, tokens, tuple(indices), kind, bare)
