@@ -440,8 +440,8 @@ MUTATIONS = (
   Mutation(
     "torchvision's conv1/conv2 not read as a module and its place",
     "paramreg_jax/_src/match/vocabulary.py",
-    "tokens.extend(t for sub in subs for t in _placed(sub))",
-    "tokens.extend(t for sub in subs for t in _WORDS.get(sub, (sub,)))",
+    "tokens.extend(t for sub in _compounds(subs) for t in _placed(sub))",
+    "tokens.extend(t for sub in _compounds(subs) for t in _WORDS.get(sub, (sub,)))",
     ("tests/test_match_unseen.py", "-k", "torchvision"),
   ),
   Mutation(
@@ -691,6 +691,20 @@ MUTATIONS = (
     "  listed = _module_list(shape)\n",
     "  listed = ()\n",
     ("tests/test_match_unseen.py", "-k", "detr"),
+  ),
+  Mutation(
+    "a known word inside an unknown one split apart",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "_compounds(subs) for t in _placed(sub))\n",
+    "subs for t in _placed(sub))\n",
+    ("tests/test_match_units.py", "-k", "kept_whole"),
+  ),
+  Mutation(
+    "the one norm outside the layers on both sides left open",
+    "paramreg_jax/_src/match/decide.py",
+    " or unique.only_norm(slot, every, slots, ck)\n",
+    "\n",
+    ("tests/test_match_projects.py", "-k", "mesh"),
   ),
 )
 

@@ -9,7 +9,8 @@ jax-llm-examples (bare ``q``/``k``/``v``/``o`` split into heads, ``attn_pre_gamm
 ``attn_post_gamma``), keras-hub's BERT (``query_dense`` ``[hidden, heads, head_dim]``, norms'
 ``gamma``/``beta``), a fused ``qkv_proj``/``gate_up_proj`` as TPU serving code keeps it, a
 nanoGPT-style BERT with one ``c_attn``, and GPT-2 under ``nn.scan`` with the block's modules
-auto-named (``ScanBlock_0/Dense_2``: closure over the stack decides what order cannot). None
+auto-named (``ScanBlock_0/Dense_2``: closure over the stack decides what order cannot), and
+mesh-transformer-jax's GPT-J (``layer_0/~/linear`` .. ``linear_5``, order alone). None
 names its parameters as transformers does; each must map with no hint and every restored
 leaf equal the hand conversion.
 """
@@ -352,6 +353,28 @@ def gpt2_scanned_compact():  # linen nn.scan over an @nn.compact block: auto nam
   }
 
 
+def mesh_transformer_jax_gptj():
+  """GPT-J as kingoflolz/mesh-transformer-jax (haiku) names it: each layer one module whose
+  q, k, v, o, fc_in and fc_out are ``linear`` .. ``linear_5`` in call order (nothing but the
+  order names them), the final norm ``projection_shard/~/replicated_layer_norm`` beside the
+  head (it shares only "norm" with ``transformer.ln_f``: the one norm outside the layers)."""
+  c, p, t = ld("gptj"), "causal_transformer_shard/~/", {}
+  t[p + "embedding_shard"] = {"embed": c["transformer.wte.weight"]}
+  for i in range(2):
+    q, layer = f"transformer.h.{i}.", f"{p}layer_{i}/~/"
+    t[layer + "layer_norm"] = {"scale": c[q + "ln_1.weight"], "offset": c[q + "ln_1.bias"]}
+    for j, n in enumerate(("q_proj", "k_proj", "v_proj", "out_proj")):
+      t[layer + ("linear" if j == 0 else f"linear_{j}")] = {"w": T(c[q + f"attn.{n}.weight"])}
+    for j, n in ((4, "fc_in"), (5, "fc_out")):
+      t[layer + f"linear_{j}"] = {"w": T(c[q + f"mlp.{n}.weight"]), "b": c[q + f"mlp.{n}.bias"]}
+  t[p + "projection_shard/~/replicated_layer_norm"] = {
+    "scale": c["transformer.ln_f.weight"],
+    "offset": c["transformer.ln_f.bias"],
+  }
+  t[p + "projection_shard/~/linear"] = {"w": T(c["lm_head.weight"]), "b": c["lm_head.bias"]}
+  return "gptj", t
+
+
 LAYOUTS = {
   f.__name__: f
   for f in (
@@ -364,6 +387,7 @@ LAYOUTS = {
     fused_llama,
     nanogpt_bert,
     gpt2_scanned_compact,
+    mesh_transformer_jax_gptj,
   )
 }
 

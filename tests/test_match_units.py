@@ -377,3 +377,12 @@ def test_a_modules_list_of_linears_is_not_layers():
   assert concepts("model.decoder.layers.1.fc1.weight").indices == (1,)
   assert concepts("model.layers.1.fc1.weight").indices == (1,)  # an item holding modules
   assert concepts("beit.encoder.layer.3.lambda_1").indices == (3,)
+
+
+def test_a_word_the_vocabulary_knows_whole_is_kept_whole_inside_an_unknown_one():
+  """``replicated_layer_norm`` (mesh-transformer-jax's final norm) is a norm, not a layer's
+  part: the longest known run of its parts (``layer_norm``) is read whole."""
+  assert concepts("model/replicated_layer_norm/scale").tokens == {"replicated", "norm", "w"}
+  assert concepts("out/pre_self_attn_layer_norm/scale").tokens >= {"attn", "norm"}
+  assert "layers" not in concepts("out/pre_self_attn_layer_norm/scale").tokens
+  assert concepts("out/attn_out/kernel").tokens >= {"attn", "o"}  # known runs only: each part

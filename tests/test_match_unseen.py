@@ -2749,7 +2749,10 @@ def _chosen(entries, error, target, src, want, data):
     right = [
       v
       for v in values
-      if all(_holds_in(hints_lib._at_layer(v, at or ""), want[n], data, None) for n, at in members)
+      if all(
+        _holds_in(v if at is None else hints_lib._at_layer(v, at), want[n], data, None)
+        for n, at in members
+      )
     ]
     assert len(right) == 1, f"{key}: {len(right)} lines hold its values:\n{error.hints_code}"
     hints[key] = right[0]
@@ -2813,7 +2816,10 @@ def test_a_fused_tensor_kept_fused_is_no_layout_question():
 
 
 def _holds_in(value, want, data, at):
-  if isinstance(value, str):
+  if isinstance(value, str) and "{i}" in value and at is None:  # a stacked leaf: every layer's
+    layers = [named_keys(value.replace("{i}", str(i)), list(data)) for i in range(len(data))]
+    got = np.concatenate([data[k[0]].ravel() for k in layers if len(k) == 1] or [np.zeros(0)])
+  elif isinstance(value, str):
     named = named_keys(value.replace("{i}", at or ""), list(data))
     if len(named) != 1:
       return False

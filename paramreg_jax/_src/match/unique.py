@@ -2,7 +2,8 @@
 its kind, and the one tensor that fits it, are the same parameter when they are the same kind
 of array (an embedding table, a conv kernel, a linear weight). Evidence from shapes alone,
 used by ``decide`` where names say nothing (``embedding/kernel`` and
-``patch_embeddings.projection.weight``)."""
+``patch_embeddings.projection.weight``). And the one norm outside the layers on both sides
+(:func:`only_norm`)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,54 @@ def fit(
     return None
   kind = "embeddings" if embedding else "conv kernels" if len(shape) > 2 else "linear weights"
   return dataclasses.replace(cand, reason=f"unique shape, both {kind}")
+
+
+_STATISTICS = frozenset({"mean", "var"})  # a batch norm's running statistics: not its scale
+
+
+def only_norm(
+  slot: Any, every: list[Candidate], slots: list[Any], ck: Checkpoint
+) -> Candidate | None:
+  """The scale of the one norm outside the layers, where the checkpoint has one too, of its
+  width: mesh-transformer-jax's ``projection_shard/~/replicated_layer_norm`` and GPT-J's
+  ``transformer.ln_f`` (names that share only the norm). Not where either side says it is
+  the embeddings' norm and the other does not (a post-norm model's embedding norm is not a
+  pre-norm model's final one); its bias follows by module coherence.
+
+  Examples:
+    >>> from paramreg_jax._src.match import evidence
+    >>> from paramreg_jax._src.match.candidates import Candidate
+    >>> keys = ["h.0.ln_1.weight", "ln_f.weight"]
+    >>> ck = evidence.Checkpoint({k: concepts(k) for k in keys}, {k: (8,) for k in keys})
+    >>> Slot = __import__("collections").namedtuple("Slot", "name shape")
+    >>> slots = [Slot("layer_0/layer_norm/scale", (8,)), Slot("head/replicated_layer_norm/scale", (8,))]
+    >>> every = [Candidate(0.25, ("ln_f.weight",), "name", None)]
+    >>> only_norm(slots[1], every, slots, ck).reason
+    'the only norm outside the layers, on both sides'
+  """
+  tc = concepts(slot.name)
+  if len(slot.shape) != 1 or tc.indices or "norm" not in tc.tokens or tc.kind != "w":
+    return None
+  if tc.tokens & _STATISTICS:
+    return None
+  ours = [
+    s
+    for s in slots
+    if not (c := concepts(s.name)).indices
+    and "norm" in c.tokens
+    and c.kind == "w"
+    and not c.tokens & _STATISTICS
+  ]
+  theirs = [
+    k
+    for k, c in ck.concepts.items()
+    if not c.indices and "norm" in c.tokens and c.kind == "w" and not c.tokens & _STATISTICS
+  ]
+  if len(ours) != 1 or len(theirs) != 1 or tuple(ck.shapes[theirs[0]]) != tuple(slot.shape):
+    return None
+  if ("embed" in tc.tokens) != ("embed" in ck.concepts[theirs[0]].tokens):
+    return None
+  found = [c for c in every if c.keys == (theirs[0],) and c.fused is None and c.claims is None]
+  if len(found) != 1:
+    return None
+  return dataclasses.replace(found[0], reason="the only norm outside the layers, on both sides")

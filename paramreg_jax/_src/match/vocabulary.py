@@ -499,8 +499,8 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
     elif word in ("attn", "o", "qkv", "up", "down", "mlp", "norm"):  # phrase results
       tokens.append(word)
     else:  # attn_out, type_embed, MoeBlock_0: fold each part (a flax module's number is none)
-      subs = (sub for sub in word.split("_") if sub and not sub.isdigit())
-      tokens.extend(t for sub in subs for t in _placed(sub))
+      subs = [sub for sub in word.split("_") if sub and not sub.isdigit()]
+      tokens.extend(t for sub in _compounds(subs) for t in _placed(sub))
   if "o" in tokens and {"mlp", "moe"} & set(tokens) and "attn" not in tokens:
     tokens = [("down" if t == "o" else t) for t in tokens]  # an MLP's output: mlp/wo, fc_out
   if "xattn" in tokens:  # cross_attn_norm: the cross-attention is not the self-attention
@@ -516,6 +516,18 @@ def _fold(parts: tuple[str, ...], indexed: bool) -> tuple[frozenset[str], str, b
   if indexed and "final" in tokens and "norm" in tokens:
     tokens = [("mlp" if t == "final" else t) for t in tokens]  # OPT: layers.3.final_layer_norm
   return frozenset(tokens), kind, not kinds
+
+
+def _compounds(subs: list[str]) -> list[str]:
+  """A word's parts with each longest run the vocabulary knows whole kept whole:
+  ``replicated_layer_norm`` is ``replicated`` and ``layer_norm`` (a norm), never a ``layer``
+  and a norm (mesh-transformer-jax's final norm read as a layer's)."""
+  out, i = [], 0
+  while i < len(subs):
+    j = next((j for j in range(len(subs), i + 1, -1) if "_".join(subs[i:j]) in _WORDS), i + 1)
+    out.append("_".join(subs[i:j]))
+    i = j
+  return out
 
 
 def _placed(word: str) -> tuple[str, ...]:
