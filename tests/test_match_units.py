@@ -170,6 +170,14 @@ def test_a_module_numbered_in_its_own_name_keeps_its_place():
     # DeepSeek); outside, a layer (CLIP's ResidualAttentionBlock)
     ("decoder/layers_1/DeepSeekMoeBlock_0/MoeBlock_0/wi_0", (1,)),
     ("visual/ResidualAttentionBlock_3/mlp/c_fc/kernel", (3,)),
+    # a sequential under a head's, a stem's, an embedding's or a projection's word, even one
+    # the vocabulary knows only in parts: its modules (vit-pytorch's mlp_head, LDM's time_embed)
+    ("mlp_head/1/kernel", ()),
+    ("lm_head/0/kernel", ()),
+    ("conv_stem/0/kernel", ()),
+    ("time_embed.2.weight", ()),
+    ("transformer_blocks/0/attn1/to_q/kernel", (0,)),
+    ("encoder_layers/1/fc1/kernel", (1,)),
   ],
 )
 def test_which_numbers_are_layers(name, indices):

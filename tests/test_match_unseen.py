@@ -2556,6 +2556,29 @@ def detr_nnx():
   }
 
 
+def convnext_sequential_head():
+  """ConvNeXt timm-style with its stem and head as sequentials of compound names, as
+  vit-pytorch writes a head: ``conv_stem/0`` (the patchify conv), ``conv_stem/1`` (its norm),
+  ``mlp_head/0`` (the final norm), ``mlp_head/1`` (the classifier): a number after a head's,
+  a stem's or an embedding's word is a module's place, never a layer's. Asked: ``mlp_head/0``,
+  one of two norms outside the layers (only a name would say which)."""
+  name, e = convnext_timm()
+  head = e.pop("head")
+  e["mlp_head"] = [head["norm"], head["fc"]]
+  e["conv_stem"] = e.pop("stem")
+  return name, e
+
+
+def unet_ldm_time_embed():
+  """The NNX UNet with its time embedding as the original LDM code names it, a sequential
+  ``time_embed/0`` and ``time_embed/2`` (its SiLU between): diffusers' ``time_embedding``'s
+  ``linear_1`` and ``linear_2``."""
+  name, e = unet_nnx()
+  te = e.pop("time_embedding")
+  e["time_embed"] = {"0": te["linear_1"], "2": te["linear_2"]}
+  return name, e
+
+
 MAPPED = {
   f.__name__: f
   for f in (
@@ -2584,6 +2607,7 @@ MAPPED = {
     llava_flax_auto,
     unet_flax_linen,
     unet_nnx,
+    unet_ldm_time_embed,
     vae_flax_linen,
     vae_nnx,
     convnext_timm,
@@ -2636,6 +2660,7 @@ ASKED = {
   # class_head and queries: a classifier and a bare table no checkpoint name says
   "detr_nnx": (detr_nnx, 2, True),
   "detr_nnx, no config": (detr_nnx, 2, False),
+  "convnext_sequential_head": (convnext_sequential_head, 1, True),
   "qwen3_flax_auto": (qwen3_flax_auto, 2, True),  # Mlp_0's Dense_0/Dense_1: gate and up
   # head/kernel (its bias follows): the class token's classifier or the distillation token's
   "deit_timm_nnx": (deit_timm_nnx, 1, True),

@@ -307,10 +307,23 @@ def indexes(previous: str, first: bool, inside: bool = False) -> bool:
   round); a later one only after a word that numbers its items (``experts.3``), and not
   after ``layers`` ``inside`` a part of a layer (``mlp/layers/1``)."""
   if first:
-    return previous.lower() not in _SEQUENTIALS and not in_role(previous)
+    return previous.lower() not in _SEQUENTIALS and not _holds_modules(previous)
   if inside and _WORDS.get(previous.lower()) == ("layers",):
     return False
   return numbers_items(previous)
+
+
+# what a word whose number is a sequential's module can mean: a head, an embedding, a stem or a
+# projection, never a stack of layers (vit-pytorch's ``mlp_head.1``, LDM's ``time_embed.0``)
+_MODULE_WORDS = frozenset({"head", "embed", "stem", "proj"})
+
+
+def _holds_modules(word: str) -> bool:
+  """Whether ``word``, one the vocabulary may know only in parts (``mlp_head``, ``conv_stem``,
+  ``time_embed``), names a module whose list holds its modules: a head, an embedding, a stem,
+  a projection or a part of a layer, and nothing that numbers layers, experts or heads."""
+  tokens = _fold((word.lower(),), False)[0]
+  return not tokens & (_NUMBERS_ITEMS | {"stage"}) and bool(tokens & (_MODULE_WORDS | _ROLES))
 
 
 def numbers_items(word: str) -> bool:
