@@ -2399,31 +2399,22 @@ QKV = ("query", "key", "value")
 
 
 def resnet_torch_names():
-  """ResNet as a linen port of torchvision's writes it: ``BasicBlock_{n}`` numbered across the
-  stages, each with ``conv1``/``bn1``/``conv2``/``bn2`` (torch counts from 1: ``conv1`` is the
-  checkpoint's ``layer.0``, never ``layer.1``) and ``downsample_conv``/``downsample_bn``."""
-  c, r = ld("resnet"), "resnet.encoder.stages."
+  """``resnet_flax`` as a linen port of torchvision's names it: ``BasicBlock_{n}`` numbered
+  across the stages, each with ``conv1``/``bn1``/``conv2``/``bn2`` (torch counts from 1:
+  ``conv1`` is the checkpoint's ``layer.0``, never ``layer.1``), ``downsample_conv``/
+  ``downsample_bn``, and ``fc``."""
+  names = {"conv_proj": "downsample_conv", "norm_proj": "downsample_bn", "Dense_0": "fc"}
+  names.update({f"Conv_{j}": f"conv{j + 1}" for j in range(2)})
+  names.update({f"BatchNorm_{j}": f"bn{j + 1}" for j in range(2)})
 
-  def bn(q):
-    return (
-      {"scale": c[q + ".weight"], "bias": c[q + ".bias"]},
-      {"mean": c[q + ".running_mean"], "var": c[q + ".running_var"]},
-    )
+  def torch(tree):
+    return {
+      names.get(k, k.replace("ResNetBlock_", "BasicBlock_")): torch(v) if isinstance(v, dict) else v
+      for k, v in tree.items()
+    }
 
-  P, B = {}, {}
-  P["conv_init"] = {"kernel": conv2(c["resnet.embedder.embedder.convolution.weight"])}
-  P["bn_init"], B["bn_init"] = bn("resnet.embedder.embedder.normalization")
-  for n, (s, b) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-    q, bp, bb = f"{r}{s}.layers.{b}.", {}, {}
-    for j in range(2):
-      bp[f"conv{j + 1}"] = {"kernel": conv2(c[f"{q}layer.{j}.convolution.weight"])}
-      bp[f"bn{j + 1}"], bb[f"bn{j + 1}"] = bn(f"{q}layer.{j}.normalization")
-    if (s, b) == (1, 0):
-      bp["downsample_conv"] = {"kernel": conv2(c[q + "shortcut.convolution.weight"])}
-      bp["downsample_bn"], bb["downsample_bn"] = bn(q + "shortcut.normalization")
-    P[f"BasicBlock_{n}"], B[f"BasicBlock_{n}"] = bp, bb
-  P["fc"] = {"kernel": T(c["classifier.1.weight"]), "bias": c["classifier.1.bias"]}
-  return "resnet", {"params": P, "batch_stats": B}
+  name, expect = resnet_flax()
+  return name, torch(expect)
 
 
 def _detr_backbone(c):
