@@ -370,8 +370,8 @@ MUTATIONS = (
   Mutation(
     "order: pre and post siblings not ordered by their word",
     "paramreg_jax/_src/match/order.py",
-    "    for found in (_sibling(name), _before_after(name)):\n",
-    "    for found in (_sibling(name),):\n",
+    "    for found in (_sibling(name), _numbered_module(name), _before_after(name)):\n",
+    "    for found in (_sibling(name), _numbered_module(name)):\n",
     ("tests/test_match_refusals.py", "-k", "pre_and_a_post"),
   ),
   Mutation(
@@ -712,6 +712,27 @@ MUTATIONS = (
     " and not _holds_modules(previous)\n",
     "\n",
     ("tests/test_match_unseen.py", "-k", "ldm or sequential_head"),
+  ),
+  Mutation(
+    "a numbered module's own modules not a family (MHA_0/query, MHA_1/query)",
+    "paramreg_jax/_src/match/order.py",
+    "  if len(parts) < 3 or is_container(parts[-3], True):\n",
+    "  if True:\n",
+    ("tests/test_match_bart.py", "-k", "self_then_cross"),
+  ),
+  Mutation(
+    "a cross-attention's q ranked as the self-attention's",
+    "paramreg_jax/_src/match/order.py",
+    '    return f"cross-attention {r}", _RANKS[r] + 4\n',
+    "    return r, _RANKS[r]\n",
+    ("tests/test_match_bart.py", "-k", "self_then_cross"),
+  ),
+  Mutation(
+    "siblings named alike pair across layers of the checkpoint",
+    "paramreg_jax/_src/match/order.py",
+    "      and (block is None or c.keys[0].startswith(block.group(0)))\n",
+    "\n",
+    ("tests/test_match_bart.py", "-k", "self_then_cross"),
   ),
 )
 

@@ -194,3 +194,61 @@ def test_a_decoder_layers_norm1_norm2_norm3_are_self_cross_and_mlp_by_the_forwar
   params = canonical(c, _renamed(restored, back), False)
   got = np.asarray(forward(c, params, ref["input_ids"], ref["decoder_input_ids"]))
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+
+
+def _auto_named(tree):
+  """``target(c, False)`` as a linen ``@nn.compact`` names it: ``EncoderLayer_{i}``/
+  ``DecoderLayer_{i}``, the self-attention ``MultiHeadDotProductAttention_0`` and the
+  cross-attention ``..._1`` (``query``, ``key``, ``value``, ``out``), ``LayerNorm_0..2`` and
+  ``Dense_0``/``Dense_1`` in call order; and ``back``, the inverse renaming."""
+  proj = {"q": "query", "k": "key", "v": "value", "o": "out"}
+  out, back = {"embed": tree["embed"], "final_logits_bias": tree["final_logits_bias"]}, {}
+  for stack, cls in (("encoder", "EncoderLayer"), ("decoder", "DecoderLayer")):
+    s = tree[stack]
+    out[stack] = {"Embed_0": s["pos_embed"], "LayerNorm_0": s["embed_norm"]}
+    back[f"{stack}/Embed_0/"], back[f"{stack}/LayerNorm_0/"] = (
+      f"{stack}/pos_embed/",
+      f"{stack}/embed_norm/",
+    )
+    for i in range(sum(k.startswith("layers_") for k in s)):
+      b, new, old = s[f"layers_{i}"], f"{stack}/{cls}_{i}/", f"{stack}/layers_{i}/"
+      norms = ["self_attn_norm", *(["cross_attn_norm"] if "cross_attn" in b else []), "mlp_norm"]
+      layer = {f"LayerNorm_{j}": b[n] for j, n in enumerate(norms)}
+      back |= {f"{new}LayerNorm_{j}/": f"{old}{n}/" for j, n in enumerate(norms)}
+      for j, a in enumerate(a for a in ("self_attn", "cross_attn") if a in b):
+        mha = f"MultiHeadDotProductAttention_{j}"
+        layer[mha] = {proj[x]: p for x, p in b[a].items()}
+        back |= {f"{new}{mha}/{proj[x]}/": f"{old}{a}/{x}/" for x in b[a]}
+      for j, n in enumerate(("fc1", "fc2")):
+        layer[f"Dense_{j}"] = b["mlp"][n]
+        back[f"{new}Dense_{j}/"] = f"{old}mlp/{n}/"
+      out[stack][f"{cls}_{i}"] = layer
+  return out, back
+
+
+def test_a_compact_decoder_layers_two_attentions_are_self_then_cross_by_the_forward_pass():
+  """In a compact decoder layer the self-attention is called before the cross-attention:
+  ``MultiHeadDotProductAttention_0`` and ``_1`` (one shape, no word between them) are
+  ``self_attn`` and ``encoder_attn``, with no hint, by the order of their calls."""
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  src = SafetensorsSource(hf.DATA / NAME / "model.safetensors")
+  tree, back = _auto_named(target(c, False))
+  m = prj.match(tree, src)
+  cross = "decoder/DecoderLayer_0/MultiHeadDotProductAttention_1/query/kernel"
+  assert any(t == cross and "encoder_attn.q_proj" in e and "in order" in w for t, e, w in m.rows())
+  restored = prj.restore(tree, src, recipes=m)
+  flat: dict = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(restored)[0]:
+    name = prj.path_to_name(path)
+    for new, old in back.items():
+      name = old + name[len(new) :] if name.startswith(new) else name
+    node = flat
+    *head, last = name.split("/")
+    for part in head:
+      node = node.setdefault(part, {})
+    node[last] = value
+  got = np.asarray(
+    forward(c, canonical(c, flat, False), ref["input_ids"], ref["decoder_input_ids"])
+  )
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))

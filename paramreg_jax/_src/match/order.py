@@ -45,12 +45,14 @@ from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.match.vocabulary import is_container
 
 _PATH = re.compile(r"/|~1~0~1|~1")  # haiku's "layer_0/~/linear_1" module is one escaped key
 _NUMBERED = re.compile(r"^(?P<base>.*?)(?:_(?P<n>\d+))?$")
 _OWN_NUMBER = re.compile(r"^([A-Za-z]{2,}?)(\d+)$")  # a module numbered in its own name
-# call order; gate and up share a rank: code calls them either way round
-_RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 4, "down": 5}
+# call order; gate and up share a rank: code calls them either way round; a decoder's
+# cross-attention's q, k, v, o come after its self-attention's (4 .. 7), the MLP's after both
+_RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 8, "up": 8, "down": 9}
 
 
 def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
@@ -92,12 +94,27 @@ def _before_after(name: str) -> tuple[tuple[str, str, str], int] | None:
   return None
 
 
+def _numbered_module(name: str) -> tuple[tuple[str, str, str], int] | None:
+  """``((parent, base, "module/leaf"), number)`` of ``parent/Base_N/module/leaf``: a leaf of
+  a numbered module's own module (a compact decoder layer's
+  ``MultiHeadDotProductAttention_0/query/kernel`` and ``..._1/query/kernel``: the
+  self-attention's and the cross-attention's, in call order). Not under a numbered layer."""
+  parts = _PATH.split(name)
+  if len(parts) < 3 or is_container(parts[-3], True):
+    return None
+  m = _NUMBERED.match(parts[-3])
+  if m is None or m.group("n") is None or not m.group("base"):
+    return None
+  return ("/".join(parts[:-3]), m.group("base"), "/".join(parts[-2:])), int(m.group("n"))
+
+
 def _families(names: list[str]) -> dict[tuple[str, str, str], dict[int, str]]:
-  """``{(parent, base, leaf): {number: name}}``: the numbered siblings among ``names``, and
-  the pairs a pre/post (before/after) word orders (``(pattern, pair, "")``: 0 the first)."""
+  """``{(parent, base, leaf): {number: name}}``: the numbered siblings among ``names`` (and
+  numbered modules' leaves alike: :func:`_numbered_module`), and the pairs a pre/post
+  (before/after) word orders (``(pattern, pair, "")``: 0 the first)."""
   families: dict[tuple[str, str, str], dict[int, str]] = {}
   for name in names:
-    for found in (_sibling(name), _before_after(name)):
+    for found in (_sibling(name), _numbered_module(name), _before_after(name)):
       if found is not None:
         families.setdefault(found[0], {})[found[1]] = name
   return families
@@ -131,7 +148,12 @@ def role(tokens: frozenset[str]) -> tuple[str, int] | None:
     rank = {"attn": 0, "xattn": 4, "mlp": 6}[sublayer] + (3 if sublayer == "attn" else 1) * post
     return f"{sublayer} {'post-norm' if post else 'norm'}", rank
   found = [r for r in _RANKS if r in tokens]
-  return (found[0], _RANKS[found[0]]) if len(found) == 1 else None
+  if len(found) != 1:
+    return None
+  (r,) = found
+  if "xattn" in tokens and _RANKS[r] <= 3:
+    return f"cross-attention {r}", _RANKS[r] + 4
+  return r, _RANKS[r]
 
 
 def settle(
@@ -159,7 +181,7 @@ def settle(
     sets = {
       n: [
         c
-        for c in _named(open_[name], top, waiting, open_)
+        for c in _named(open_[name], top, waiting, open_, ck)
         if c.fused is not None or c.keys not in by_evidence
       ]
       for n, name in waiting.items()
@@ -184,17 +206,45 @@ def settle(
 
 
 def _named(
-  cands: list[Candidate], top: Any, waiting: Mapping[int, str], open_: Mapping[str, list[Candidate]]
+  cands: list[Candidate],
+  top: Any,
+  waiting: Mapping[int, str],
+  open_: Mapping[str, list[Candidate]],
+  ck: Checkpoint,
 ) -> list[Candidate]:
   """What the order may pair a sibling with: its best by name (``top``) or, where ``k``
   siblings are named alike to the last score (``attn_pre_gamma``, ``attn_post_gamma``: the
-  names say nothing of which is which), the ``k`` best named (with ties: more)."""
+  names say nothing of which is which), the ``k`` best named (with ties: more); where the
+  ties are more, the ``k`` of them of the best's own role in the best's own layer, if exactly
+  ``k`` are (a compact decoder layer's two attentions' ``query``: the self-attention's q and
+  the cross-attention's, not the encoder's)."""
   profile = [(c.keys, c.score) for c in distinct(cands)]
   k = sum(profile == [(c.keys, c.score) for c in distinct(open_[w])] for w in waiting.values())
   best = top(cands)
   if k < 2 or len(distinct(best)) >= k or len(profile) < k:
     return best
-  return [c for c in cands if c.score >= profile[k - 1][1]]
+  wide = [c for c in cands if c.score >= profile[k - 1][1]]
+  if len({c.keys for c in wide}) > k and len(keys := profile[0][0]) == 1:
+    own = _role_of(keys[0], ck)
+    block = _BLOCK.match(keys[0])
+    alike = [
+      c
+      for c in wide
+      if len(c.keys) == 1
+      and _same_role(_role_of(c.keys[0], ck), own)
+      and (block is None or c.keys[0].startswith(block.group(0)))
+    ]
+    if len({c.keys for c in alike}) == k:
+      return alike
+  return wide
+
+
+_BLOCK = re.compile(r"^.*?[./]\d+[./]")  # a key's layer: model.decoder.layers.0.
+
+
+def _same_role(a: tuple[str, int] | None, b: tuple[str, int] | None) -> bool:
+  """Whether two roles are one role of two sublayers (``q`` and ``cross-attention q``)."""
+  return a is not None and b is not None and a[0].split()[-1] == b[0].split()[-1]
 
 
 def _ranked(
