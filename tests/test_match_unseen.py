@@ -319,15 +319,20 @@ def clip_nnx():
   }
 
 
+def _batch_norm(c, q):
+  """A torch ``BatchNorm`` at ``q`` as flax keeps it: its ``params`` and its ``batch_stats``."""
+  return (
+    {"scale": c[q + ".weight"], "bias": c[q + ".bias"]},
+    {"mean": c[q + ".running_mean"], "var": c[q + ".running_var"]},
+  )
+
+
 def resnet_flax():
   c = ld("resnet")
   r = "resnet.encoder.stages"
 
   def bn(q):
-    return (
-      {"scale": c[q + ".weight"], "bias": c[q + ".bias"]},
-      {"mean": c[q + ".running_mean"], "var": c[q + ".running_var"]},
-    )
+    return _batch_norm(c, q)
 
   P, B = {}, {}
   P["conv_init"] = {"kernel": conv2(c["resnet.embedder.embedder.convolution.weight"])}
@@ -2423,10 +2428,7 @@ def _detr_backbone(c):
   r = "model.backbone.conv_encoder.model."
 
   def bn(k):
-    return (
-      {"scale": c[k + ".weight"], "bias": c[k + ".bias"]},
-      {"mean": c[k + ".running_mean"], "var": c[k + ".running_var"]},
-    )
+    return _batch_norm(c, k)
 
   p, s = {}, {}
   p["stem_conv"] = {"kernel": conv2(c[r + "embedder.embedder.convolution.weight"])}
