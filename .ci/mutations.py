@@ -660,8 +660,8 @@ MUTATIONS = (
   Mutation(
     "torch's conv1, conv2 not a numbered family",
     "paramreg_jax/_src/match/order.py",
-    "  elif n is None and (own := _OWN_NUMBER.match(module)):  # torch's conv1, conv2, bn1\n",
-    "  elif False and (own := _OWN_NUMBER.match(module)):\n",
+    "  elif n is None and (own := own_number(module)):  # torch's conv1, conv2, bn1\n",
+    "  elif False and (own := own_number(module)):\n",
     ("tests/test_match_unseen.py", "-k", "resnet_torch_names or detr"),
   ),
   Mutation(
@@ -702,7 +702,7 @@ MUTATIONS = (
   Mutation(
     "the one norm outside the layers on both sides left open",
     "paramreg_jax/_src/match/decide.py",
-    " or unique.only_norm(slot, every, slots, ck)\n",
+    " or unique.only_norm(slot, every, shapes, ck)\n",
     "\n",
     ("tests/test_match_projects.py", "-k", "mesh"),
   ),

@@ -119,7 +119,7 @@ def _best(
     sure.update({n: c.keys for n, c in picked.items() if n not in hinted})
     shapes = unique.Shapes(slots, ranked, ck)
     for slot, every in unnamed:
-      only = unique.fit(slot, every, shapes, sure, ck) or unique.only_norm(slot, every, slots, ck)
+      only = unique.fit(slot, every, shapes, sure, ck) or unique.only_norm(slot, every, shapes, ck)
       if only is not None:
         picked[slot.name] = only
       elif every:

@@ -276,15 +276,19 @@ def _three_norms(c: Concepts, name: str, slot_names: list[str]) -> Concepts:
 def three_norms(src: dict[str, Concepts]) -> None:
   """The checkpoint's numbered norms read by :func:`three_norm_tokens` (diffusers' transformer
   blocks: ``norm1``, ``norm2``, ``norm3`` beside ``attn1``, ``attn2``, ``ff``)."""
+  norms = [k for k in src if _NUMBERED_NORM.match(k.rpartition(".")[0].rpartition(".")[2].lower())]
+  if not norms:
+    return  # (most checkpoints: no module map to build)
   children: dict[str, set[str]] = {}  # each module's own modules, whatever lies below them
   for k in src:
     parts = k.split(".")[:-1]
     for i in range(1, len(parts)):
       children.setdefault(".".join(parts[:i]), set()).add(parts[i])
-  for k, c in src.items():
+  for k in norms:
     parent, _, module = k.rpartition(".")[0].rpartition(".")
-    if _NUMBERED_NORM.match(module.lower()):
-      src[k] = dataclasses.replace(c, tokens=three_norm_tokens(c.tokens, module, children[parent]))
+    src[k] = dataclasses.replace(
+      src[k], tokens=three_norm_tokens(src[k].tokens, module, children[parent])
+    )
 
 
 def three_norm_tokens(tokens: frozenset[str], module: str, siblings: set[str]) -> frozenset[str]:

@@ -46,10 +46,10 @@ from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.match.vocabulary import is_container
+from paramreg_jax._src.match.vocabulary import own_number
 
 _PATH = re.compile(r"/|~1~0~1|~1")  # haiku's "layer_0/~/linear_1" module is one escaped key
 _NUMBERED = re.compile(r"^(?P<base>.*?)(?:_(?P<n>\d+))?$")
-_OWN_NUMBER = re.compile(r"^([A-Za-z]{2,}?)(\d+)$")  # a module numbered in its own name
 # call order; gate and up share a rank: code calls them either way round; a decoder's
 # cross-attention's q, k, v, o come after its self-attention's (4 .. 7), the MLP's after both
 _RANKS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 8, "up": 8, "down": 9}
@@ -68,8 +68,8 @@ def _sibling(name: str) -> tuple[tuple[str, str, str], int] | None:
   base, n = m.group("base"), m.group("n")
   if module.isdigit():
     base, n = "", module
-  elif n is None and (own := _OWN_NUMBER.match(module)):  # torch's conv1, conv2, bn1
-    base, n = own.group(1), own.group(2)
+  elif n is None and (own := own_number(module)):  # torch's conv1, conv2, bn1
+    base, n = own[0], str(own[1])
   return ("/".join(parts[:-2]), base, leaf), int(n or 0)
 
 

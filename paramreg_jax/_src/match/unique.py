@@ -8,19 +8,23 @@ used by ``decide`` where names say nothing (``embedding/kernel`` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.evidence import Checkpoint
+from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
 
 
 class Shapes:
-  """What the rule counts: how many target leaves have each shape, the checkpoint tensors of
-  each shape, and which leaves each tensor is a candidate of."""
+  """What the rules count: how many target leaves have each shape, the checkpoint tensors of
+  each shape, which leaves each tensor is a candidate of, and (counted once, when first
+  asked) the norms outside the layers on each side."""
 
   def __init__(self, slots: list[Any], ranked: Mapping[str, list[Candidate]], ck: Checkpoint):
+    self._slots, self._ck = slots, ck
     self.leaves: dict[tuple[int, ...], int] = {}
     for s in slots:
       self.leaves[tuple(s.shape)] = self.leaves.get(tuple(s.shape), 0) + 1
@@ -32,6 +36,12 @@ class Shapes:
       for c in cands:
         for k in c.keys:
           self.takers.setdefault(k, set()).add(name)
+
+  @functools.cached_property
+  def outer_norms(self) -> tuple[list[str], list[str]]:
+    """The target's and the checkpoint's norm scales outside the layers (:func:`only_norm`)."""
+    ours = [s.name for s in self._slots if _outer_norm(concepts(s.name))]
+    return ours, [k for k, c in self._ck.concepts.items() if _outer_norm(c)]
 
 
 def fit(
@@ -85,8 +95,14 @@ def fit(
 _STATISTICS = frozenset({"mean", "var"})  # a batch norm's running statistics: not its scale
 
 
+def _outer_norm(c: Concepts) -> bool:
+  """Whether a name is a norm's scale (not its bias, nor a batch norm's statistics) outside
+  the layers."""
+  return not c.indices and "norm" in c.tokens and c.kind == "w" and not c.tokens & _STATISTICS
+
+
 def only_norm(
-  slot: Any, every: list[Candidate], slots: list[Any], ck: Checkpoint
+  slot: Any, every: list[Candidate], shapes: Shapes, ck: Checkpoint
 ) -> Candidate | None:
   """The scale of the one norm outside the layers, where the checkpoint has one too, of its
   width: mesh-transformer-jax's ``projection_shard/~/replicated_layer_norm`` and GPT-J's
@@ -102,27 +118,13 @@ def only_norm(
     >>> Slot = __import__("collections").namedtuple("Slot", "name shape")
     >>> slots = [Slot("layer_0/layer_norm/scale", (8,)), Slot("head/replicated_layer_norm/scale", (8,))]
     >>> every = [Candidate(0.25, ("ln_f.weight",), "name", None)]
-    >>> only_norm(slots[1], every, slots, ck).reason
+    >>> only_norm(slots[1], every, Shapes(slots, {}, ck), ck).reason
     'the only norm outside the layers, on both sides'
   """
   tc = concepts(slot.name)
-  if len(slot.shape) != 1 or tc.indices or "norm" not in tc.tokens or tc.kind != "w":
+  if len(slot.shape) != 1 or not _outer_norm(tc):
     return None
-  if tc.tokens & _STATISTICS:
-    return None
-  ours = [
-    s
-    for s in slots
-    if not (c := concepts(s.name)).indices
-    and "norm" in c.tokens
-    and c.kind == "w"
-    and not c.tokens & _STATISTICS
-  ]
-  theirs = [
-    k
-    for k, c in ck.concepts.items()
-    if not c.indices and "norm" in c.tokens and c.kind == "w" and not c.tokens & _STATISTICS
-  ]
+  ours, theirs = shapes.outer_norms
   if len(ours) != 1 or len(theirs) != 1 or tuple(ck.shapes[theirs[0]]) != tuple(slot.shape):
     return None
   if ("embed" in tc.tokens) != ("embed" in ck.concepts[theirs[0]].tokens):

@@ -543,13 +543,20 @@ def _compounds(subs: list[str]) -> list[str]:
   return out
 
 
+def own_number(word: str) -> tuple[str, int] | None:
+  """``("conv", 2)`` for a module numbered in its own name (torchvision's ``conv2``, ``bn1``),
+  else None."""
+  m = _PLACED.match(word.lower())
+  return (m.group(1), int(m.group(2))) if m else None
+
+
 def _placed(word: str) -> tuple[str, ...]:
   """A word's concepts; one the vocabulary does not know that ends in a number is a module
   and its place (``conv2`` -> conv, ``#2``; ``bn1`` -> norm, ``#1``)."""
   if word in _WORDS:
     return _WORDS[word]
-  if m := _PLACED.match(word):
-    return (*_WORDS.get(m.group(1), (m.group(1),)), f"#{int(m.group(2))}")
+  if own := own_number(word):
+    return (*_WORDS.get(own[0], (own[0],)), f"#{own[1]}")
   if m := _TOWER_CLASS.match(word):  # flax's VisionTransformer_0: the vision tower's module
     return (_WORDS.get(m.group(1), (m.group(1),))[0], m.group(2))
   return (word,)
