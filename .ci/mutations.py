@@ -734,6 +734,34 @@ MUTATIONS = (
     "\n",
     ("tests/test_match_bart.py", "-k", "self_then_cross"),
   ),
+  Mutation(
+    "a tower named with a number is read as a layer",
+    "paramreg_jax/_src/match/towers.py",
+    "if t in with_layers and not concepts(t).indices}",
+    'if t in with_layers and not re.search(r"\\d", t)}',
+    ("tests/test_match_towers.py", "-k", "hold_numbers"),
+  ),
+  Mutation(
+    "the modules inside one layer are read as towers",
+    "paramreg_jax/_src/match/towers.py",
+    "    if concepts(split[0][skip]).indices:\n      return {}\n",
+    "",
+    ("tests/test_match_towers.py", "-k", "one_layer"),
+  ),
+  Mutation(
+    "a name hint under a list index finds no tensor of another level",
+    "paramreg_jax/_src/match/candidates.py",
+    "  if hinted and (not tc.indices or not singles):\n",
+    "  if hinted and not tc.indices:\n",
+    ("tests/test_match_refusals.py", "-k", "list_index"),
+  ),
+  Mutation(
+    "a leaf no name ties to a tensor is offered no line",
+    "paramreg_jax/_src/match/refusal.py",
+    "[:_CHOICES] or as_many_values(slot, ck)\n",
+    "[:_CHOICES]\n",
+    ("tests/test_match_refusals.py", "-k", "ties_to_nothing"),
+  ),
 )
 
 

@@ -675,6 +675,60 @@ def test_a_leaf_only_a_rearrangement_fits_names_the_tensor_of_as_many_values():
   assert "a new head" not in text
 
 
+def _opaque_case():
+  """A layer's relative position table (``..._bias_table``: read as a bias) and a patch
+  embedding outside the layers, under target names that say nothing: a bare ``tbl`` and a
+  sequential's ``front/0`` (its index read as a layer)."""
+  r = np.random.default_rng(3)
+  shapes = {
+    "embeddings.patch.weight": (8, 3, 4, 4),
+    "encoder.layer.0.attention.relative_position_bias_table": (9, 2),
+    "encoder.layer.0.attention.query.weight": (8, 4),
+  }
+  ck = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+  target = {
+    "front": [{"kernel": _sds((4, 4, 3, 8))}],
+    "layers_0": {"attention": {"tbl": _sds((9, 2)), "query": {"kernel": _sds((4, 8))}}},
+  }
+  return ck, target
+
+
+def test_a_leaf_whose_name_ties_to_nothing_is_offered_the_tensors_of_as_many_values():
+  """No name, kind or level evidence: the refusal's lines are the tensors of its size, each
+  in the layout a hint of it takes; uncommenting them restores the true values."""
+  ck, target = _opaque_case()
+  before = {k: v.copy() for k, v in ck.items()}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  assert "those of as many values are its choices (hints below)" in str(info.value)
+  entries = literal_entries(info.value)
+  assert entries["front/0/kernel"][0].startswith('  # "front/0/kernel": "embeddings.patch.weight"')
+  assert "its size only + conv kernel OIHW -> HWIO" in entries["front/0/kernel"][0]
+  table = "encoder.layer.0.attention.relative_position_bias_table"
+  assert entries["layers_0/attention/tbl"][0].startswith(f'  # "layers_0/attention/tbl": "{table}"')
+  hints = {k: v for lines in entries.values() for k, v in uncommented(lines[0]).items()}
+  got = prj.restore(
+    target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck), hints=hints)
+  )
+  np.testing.assert_array_equal(
+    got["front"][0]["kernel"], before["embeddings.patch.weight"].transpose(2, 3, 1, 0)
+  )
+  np.testing.assert_array_equal(got["layers_0"]["attention"]["tbl"], before[table])
+
+
+def test_a_name_hint_under_a_list_index_names_a_tensor_of_any_level():
+  """``front/0/kernel``'s index is a place in a sequential, not the layer of the tensor its
+  hint names; the hint is honoured (it was refused as fitting no layout of its own shape)."""
+  ck, target = _opaque_case()
+  table = "encoder.layer.0.attention.relative_position_bias_table"
+  hints = {"front/0/kernel": "embeddings.patch.weight", "layers_0/attention/tbl": table}
+  m = prj.match(target, MemorySource(ck), hints=hints)
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  np.testing.assert_array_equal(
+    got["front"][0]["kernel"], ck["embeddings.patch.weight"].transpose(2, 3, 1, 0)
+  )
+
+
 # --- two items of a list, named alike but for their numbers (decide._same_place) ----------------
 
 

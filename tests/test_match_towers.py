@@ -66,6 +66,18 @@ def test_towers_under_a_wrapper_and_a_model_prefix():
     _forward_matches(style, cases, tower, restored[name])
 
 
+@pytest.mark.parametrize("names", [("Encoder_0", "Encoder_1"), ("m13", "m0")])
+def test_towers_whose_names_hold_numbers_are_towers(names):
+  """Two towers of one flax class (``Encoder_0``, ``Encoder_1``) or named by opaque tokens:
+  a number in a tower's name does not make it a layer (``layers_0``, ``block1`` are)."""
+  style, ck, target, cases = _dual("flax", dict(zip(_MODELS, names)))
+  m = prj.match(target, MemorySource(ck))
+  restored = prj.restore(target, MemorySource(ck), recipes=m)
+  for tower, name in zip(_MODELS, names):
+    _forward_matches(style, cases, tower, restored[name])
+  assert m.towers == tuple(sorted(zip(names[::-1], ("vision_model", "text_model"))))
+
+
 def test_without_anchors_the_towers_are_asked_with_both_on_the_lines():
   """Only the layers: nothing outside them says which tower is which."""
   _, ck, target, _ = _dual("flax")
@@ -128,6 +140,15 @@ def test_a_tower_sees_its_own_tensors_and_those_outside_every_tower():
     "v.layers.0.x.weight",
     "v.patch.weight",
   ]
+
+
+def test_the_modules_of_one_layer_are_no_towers():
+  """Every name inside ``layers_0`` (a one-layer model): its attention and MLP each hold the
+  layer's number, but they are modules of one layer, not towers."""
+  names = ["layers_0/attn/x/scale", "layers_0/mlp/x/scale", "layers_0/Dense_0/kernel"]
+  keys = ["h.0.attn.x.weight", "h.0.mlp.x.weight", "h.0.fc1.weight"]
+  picked = {"layers_0/attn/x/scale": _pick(keys[0]), "layers_0/mlp/x/scale": _pick(keys[1])}
+  assert towers.align(names, picked, _ck(keys)) == {}
 
 
 def test_a_stack_of_one_tower_has_no_towers():

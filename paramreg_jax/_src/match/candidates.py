@@ -100,8 +100,11 @@ def candidates(
   unless the undecided parameters' shapes (or a flax ``kernel``, always ``[in, out]``) say which.
   """
   out = []
-  # one tensor per target (same layer; a hint may name a tensor at any level)
-  singles = list(ck.concepts) if hinted and not tc.indices else ck.by_layer.get(tc.indices, ())
+  # one tensor per target (same layer; a hint may name a tensor at any level: a list index in
+  # the leaf's path, ``stem/0/kernel``, is no layer of the tensor it names)
+  singles = ck.by_layer.get(tc.indices, ())
+  if hinted and (not tc.indices or not singles):
+    singles = list(ck.concepts)
   for k in singles:
     out.extend(_single(tc, shape, k, ck, hinted))
   # a tensor that only one layer has (T5's relative position bias) may sit outside the layers

@@ -463,10 +463,22 @@ def _unmatched(slot: Any, ranked: dict[str, list[Candidate]], ck: evidence.Check
 
 
 def _absent(slot: Any, ck: evidence.Checkpoint) -> str:
-  """What to do about a parameter no tensor of its level fits in a layout ``match`` derives:
-  a tensor of as many values there may be it rearranged (heads permuted where no config gives
-  their count): named, for its recipe; with none, most often a parameter the checkpoint does
-  not have (a new classifier head, an adapter)."""
+  """What to do about a parameter no tensor of its level fits in a layout ``match`` derives
+  from names: the tensors of as many values are its choices, where a layout fits (its name
+  said nothing theirs did: an opaque name, a list index read as a layer); a tensor of as
+  many values there may be it rearranged (heads permuted where no config gives their count):
+  named, for its recipe; with none, most often a parameter the checkpoint does not have (a
+  new classifier head, an adapter)."""
+  module = coherence.target_module(slot.name) or slot.name
+  without = (
+    "If the checkpoint does not have this parameter (a new head, an adapter), match and "
+    f"restore the rest: the target without {module!r}, then initialize it as your model does"
+  )
+  if refusal.as_many_values(slot, ck):
+    return (
+      "; no name, kind or level ties it to a tensor: those of as many values are its choices "
+      f"(hints below), if the checkpoint has it. {without}"
+    )
   size = math.prod(slot.shape)
   level = evidence.target_indices(slot.name, concepts(slot.name).indices, ck)
   alike = [k for k in ck.by_layer.get(level, ()) if math.prod(ck.shapes[k]) == size]
@@ -477,12 +489,7 @@ def _absent(slot: Any, ck: evidence.Checkpoint) -> str:
       "does not derive here (the config's head count would say how heads are split): give "
       "its recipe"
     )
-  module = coherence.target_module(slot.name) or slot.name
-  return (
-    "; no tensor there has as many values. If the checkpoint does not have this parameter "
-    f"(a new head, an adapter), match and restore the rest: the target without {module!r}, "
-    "then initialize it as your model does; if it does, give its recipe"
-  )
+  return f"; no tensor there has as many values. {without}; if it does, give its recipe"
 
 
 def names(problem: str, name: str) -> bool:

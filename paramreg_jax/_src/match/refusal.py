@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,7 @@ from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
 from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.proposal import code
+from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
@@ -209,7 +211,7 @@ def _choices(
 ) -> tuple[Choice, ...]:
   """The leaf's candidates as hints: its checkpoint name (``{i}`` over a stack's layers)
   where that names one candidate, else the recipe (cast to the leaf's dtype)."""
-  cands = distinct(ranked.get(slot.name, []))[:_CHOICES]
+  cands = distinct(ranked.get(slot.name, []))[:_CHOICES] or as_many_values(slot, ck)
   out = []
   for c in cands:
     if c.build is None:
@@ -223,6 +225,27 @@ def _choices(
     text = json.dumps(hint) if isinstance(hint, str) else code(hint)
     out.append(Choice(hint, text, c.reason, c.score))
   return tuple(out)
+
+
+def as_many_values(slot: Any, ck: evidence.Checkpoint) -> list[Candidate]:
+  """Where no tensor fits a leaf's name, kind and level: the tensors of as many values, each
+  in the layouts a hint naming it would take, those at the leaf's level first, then those of
+  its shape. Its name said nothing a tensor's did (an opaque ``p7`` beside a
+  ``relative_position_bias_table``; a sequential's ``stem/0`` read as a layer): size is all
+  that is left, and uncommenting a line is the user's choice, never ``match``'s."""
+  shape, size = tuple(slot.shape), math.prod(slot.shape)
+  level = evidence.target_indices(slot.name, concepts(slot.name).indices, ck)
+  alike = [k for k in ck.concepts if math.prod(ck.shapes[k]) == size]
+  alike.sort(key=lambda k: (ck.concepts[k].indices != level, tuple(ck.shapes[k]) != shape))
+  out: list[Candidate] = []
+  for k in alike:
+    for c in hints_lib.candidates_of(slot, [k], ck):
+      how = c.reason.removeprefix("hint, ").removeprefix("name").lstrip(" +")
+      why = "its size only" + (f" + {how}" if how else "")
+      out.append(dataclasses.replace(c, score=c.score - 1.0, reason=why))
+    if len(out) >= _CHOICES:
+      break
+  return distinct(out)[:_CHOICES]
 
 
 def _names_only(name: str, c: Candidate, slot: Any, ck: evidence.Checkpoint) -> bool:

@@ -93,15 +93,19 @@ def _words(tower: str) -> frozenset[str]:
 
 def _towers(names: list[str], sep: str, layered: Callable[[str], bool]) -> dict[str, str]:
   """``{name: its top-level subtree}`` for the subtrees that hold layers (``layered``) and
-  are not numbered themselves; a wrapper every name shares (``model.``, ``params/``) is not
-  a tower: the level below it is."""
+  are not a layer themselves (``layers_0``, ``block1``; a module named ``m13`` or flax's
+  ``Encoder_0`` is a tower); a wrapper every name shares (``model.``, ``params/``) is not
+  a tower: the level below it is, unless the wrapper is a layer (every name is inside
+  ``layers_0``: its modules are not towers)."""
   split = [_COMPONENTS.split(n) if sep == "." else n.split("/") for n in names]
   skip = 0
   while all(len(p) > skip + 1 for p in split) and len({p[skip] for p in split}) == 1:
+    if concepts(split[0][skip]).indices:
+      return {}
     skip += 1
   top = {n: p[skip] for n, p in zip(names, split) if len(p) > skip + 1}
   with_layers = {top[n] for n in top if layered(n)}
-  return {n: t for n, t in top.items() if t in with_layers and not re.search(r"\d", t)}
+  return {n: t for n, t in top.items() if t in with_layers and not concepts(t).indices}
 
 
 def _has_layers(name: str) -> bool:
