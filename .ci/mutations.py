@@ -370,8 +370,8 @@ MUTATIONS = (
   Mutation(
     "order: pre and post siblings not ordered by their word",
     "paramreg_jax/_src/match/order.py",
-    "    for found in (_sibling(name), _numbered_module(name), _before_after(name)):\n",
-    "    for found in (_sibling(name), _numbered_module(name)):\n",
+    "  kinds = (_sibling, _numbered_module, _before_after, *((_nested,) if nested else ()))\n",
+    "  kinds = (_sibling, _numbered_module, *((_nested,) if nested else ()))\n",
     ("tests/test_match_refusals.py", "-k", "pre_and_a_post"),
   ),
   Mutation(
@@ -761,6 +761,13 @@ MUTATIONS = (
     "[:_CHOICES] or as_many_values(slot, ck)\n",
     "[:_CHOICES]\n",
     ("tests/test_match_refusals.py", "-k", "ties_to_nothing"),
+  ),
+  Mutation(
+    "numbered modules' numbered modules are no one sequence",
+    "paramreg_jax/_src/match/order.py",
+    "_before_after, *((_nested,) if nested else ()))",
+    "_before_after)",
+    ("tests/test_match_whisper.py", "-k", "compact"),
   ),
 )
 

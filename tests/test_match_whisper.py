@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import paramreg_jax as prj
 from paramreg_jax import SafetensorsSource
@@ -162,5 +163,97 @@ def test_whisper_forward_pass_matches_pytorch_with_no_hints(stacked):
   restored = prj.restore(tree, src, recipes=m)
   got = np.asarray(
     forward(c, canonical(c, restored, stacked), ref["input_features"], ref["decoder_input_ids"])
+  )
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+
+
+# --- Whisper as a linen ``@nn.compact`` writes it: every module numbered by its class ------------
+
+_ROLES = ("q", "k", "v", "o")  # an attention's Dense_0..3, in the order it calls them
+
+
+def compact_target(c):
+  """``AudioEncoder_0`` and ``TextDecoder_0`` (two towers numbered by their classes), each
+  layer an ``EncoderBlock_{i}``/``DecoderBlock_{i}`` of ``MultiHeadAttention_0`` (and the
+  decoder's cross-attention ``MultiHeadAttention_1``) of ``Dense_0..3``, ``LayerNorm_0..2``
+  and the MLP's ``Dense_0``/``Dense_1``: no name below the towers says a role."""
+  d, f, n = c["d_model"], c["encoder_ffn_dim"], c["encoder_layers"]
+  one = lambda *s: jax.ShapeDtypeStruct(s, np.float32)  # noqa: E731
+  norm = lambda: {"scale": one(d), "bias": one(d)}  # noqa: E731
+  attention = lambda: {  # noqa: E731
+    f"Dense_{j}": {"kernel": one(d, d), **({} if r == "k" else {"bias": one(d)})}
+    for j, r in enumerate(_ROLES)
+  }
+  mlp = {
+    "Dense_0": {"kernel": one(d, f), "bias": one(f)},
+    "Dense_1": {"kernel": one(f, d), "bias": one(d)},
+  }
+
+  def block(cross):
+    attentions = {f"MultiHeadAttention_{a}": attention() for a in range(1 + cross)}
+    return {**attentions, **{f"LayerNorm_{j}": norm() for j in range(2 + cross)}, **mlp}
+
+  encoder = {f"EncoderBlock_{i}": block(False) for i in range(n)} | {
+    "Conv_0": {"kernel": one(3, c["num_mel_bins"], d), "bias": one(d)},
+    "Conv_1": {"kernel": one(3, d, d), "bias": one(d)},
+    "pos_embedding": one(c["max_source_positions"], d),
+    "LayerNorm_0": norm(),
+  }
+  decoder = {f"DecoderBlock_{i}": block(True) for i in range(n)} | {
+    "Embed_0": {"embedding": one(c["vocab_size"], d)},
+    "pos_embedding": one(c["max_target_positions"], d),
+    "LayerNorm_0": norm(),
+  }
+  return {"params": {"AudioEncoder_0": encoder, "TextDecoder_0": decoder}}
+
+
+def from_compact(c, restored):
+  """The compact tree read in call order, as the forward pass reads it."""
+  r = jax.tree.map(np.asarray, restored["params"])
+  n = c["encoder_layers"]
+
+  def layer(b, cross):
+    attn = lambda a: {x: b[f"MultiHeadAttention_{a}"][f"Dense_{j}"] for j, x in enumerate(_ROLES)}  # noqa: E731
+    out = {"attn": attn(0), "attn_norm": b["LayerNorm_0"], "mlp_norm": b[f"LayerNorm_{1 + cross}"]}
+    out["mlp"] = {"up": b["Dense_0"], "down": b["Dense_1"]}
+    if cross:
+      out |= {"xattn": attn(1), "xattn_norm": b["LayerNorm_1"]}
+    return out
+
+  enc, dec = r["AudioEncoder_0"], r["TextDecoder_0"]
+  return {
+    "encoder": {
+      "conv1": enc["Conv_0"],
+      "conv2": enc["Conv_1"],
+      "pos_embed": {"embedding": enc["pos_embedding"]},
+      "final_norm": enc["LayerNorm_0"],
+      "layers": [layer(enc[f"EncoderBlock_{i}"], False) for i in range(n)],
+    },
+    "decoder": {
+      "embed": dec["Embed_0"],
+      "pos_embed": {"embedding": dec["pos_embedding"]},
+      "final_norm": dec["LayerNorm_0"],
+      "layers": [layer(dec[f"DecoderBlock_{i}"], True) for i in range(n)],
+    },
+  }
+
+
+@pytest.mark.parametrize("config", [True, False], ids=["config", "no config"])
+def test_a_compact_whisper_maps_its_two_attentions_dense_by_dense_in_call_order(config):
+  """The decoder's eight square ``Dense`` kernels (two attentions of four) fit all eight
+  projections by name and shape alike: only the nested call order (``MultiHeadAttention_0``'s
+  ``Dense_0..3``, then ``_1``'s) says which is which."""
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  path = hf.DATA / NAME / "model.safetensors"
+  src = SafetensorsSource(path) if config else prj.MemorySource(load_file(str(path)))
+  tree = compact_target(c)
+  m = prj.match(tree, src)
+  why = {t: reason for t, _, reason in m.rows()}
+  cross_q = "params/TextDecoder_0/DecoderBlock_1/MultiHeadAttention_1/Dense_0/kernel"
+  assert "in order: MultiHeadAttention_1/Dense_0 of 8 is the cross-attention q" in why[cross_q]
+  restored = prj.restore(tree, src, recipes=m)
+  got = np.asarray(
+    forward(c, from_compact(c, restored), ref["input_features"], ref["decoder_input_ids"])
   )
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))

@@ -108,26 +108,53 @@ def _numbered_module(name: str) -> tuple[tuple[str, str, str], int] | None:
   return ("/".join(parts[:-3]), m.group("base"), "/".join(parts[-2:])), int(m.group("n"))
 
 
-def _families(names: list[str]) -> dict[tuple[str, str, str], dict[int, str]]:
+# a numbered module's numbered modules count in its own scope: Attention_1/Dense_0 follows
+# Attention_0/Dense_3 (as a number, each outer number is this many of the inner)
+_NESTED = 1000
+
+
+def _nested(name: str) -> tuple[tuple[str, str, str], int] | None:
+  """``((parent, "Outer/Inner", leaf), outer * _NESTED + inner)`` of
+  ``parent/Outer_N/Inner_j/leaf``: flax numbers a compact module's modules in its own scope,
+  and calls them in that order, so a decoder layer's ``MultiHeadAttention_0/Dense_0..3`` and
+  ``MultiHeadAttention_1/Dense_0..3`` are its self-attention's q, k, v, o, then its
+  cross-attention's: one sequence across both. Not under a numbered layer."""
+  found = _numbered_module(name)
+  if found is None:
+    return None
+  (parent, outer, rest), n = found
+  module, _, leaf = rest.partition("/")
+  inner = _NUMBERED.match(module)
+  if inner is None or inner.group("n") is None or not inner.group("base"):
+    return None
+  return (parent, f"{outer}/{inner.group('base')}", leaf), n * _NESTED + int(inner.group("n"))
+
+
+def _families(names: list[str], nested: bool = True) -> dict[tuple[str, str, str], dict[int, str]]:
   """``{(parent, base, leaf): {number: name}}``: the numbered siblings among ``names`` (and
-  numbered modules' leaves alike: :func:`_numbered_module`), and the pairs a pre/post
-  (before/after) word orders (``(pattern, pair, "")``: 0 the first)."""
+  numbered modules' leaves alike: :func:`_numbered_module`; with ``nested``, the leaves of
+  numbered modules' numbered modules in one sequence: :func:`_nested`), and the pairs a
+  pre/post (before/after) word orders (``(pattern, pair, "")``: 0 the first)."""
   families: dict[tuple[str, str, str], dict[int, str]] = {}
+  kinds = (_sibling, _numbered_module, _before_after, *((_nested,) if nested else ()))
   for name in names:
-    for found in (_sibling(name), _numbered_module(name), _before_after(name)):
+    for found in (kind(name) for kind in kinds):
       if found is not None:
         families.setdefault(found[0], {})[found[1]] = name
   return families
 
 
 def _label(name: str, members: Mapping[int, str]) -> str:
-  """The part of ``name`` its family's members differ in (``Dense_1``, ``attn_pre_gamma``)."""
+  """The part of ``name`` its family's members differ in (``Dense_1``, ``attn_pre_gamma``,
+  ``MultiHeadAttention_1/Dense_0``)."""
   split = [_PATH.split(m) for m in members.values()]
   parts = _PATH.split(name)
-  for at in range(len(parts) - 1, -1, -1):
-    if len({p[at] if len(p) == len(parts) else None for p in split}) > 1:
-      return parts[at]
-  return parts[-1]
+  differ = [
+    at
+    for at in range(len(parts))
+    if len({p[at] if len(p) == len(parts) else None for p in split}) > 1
+  ]
+  return "/".join(parts[differ[0] : differ[-1] + 1]) if differ else parts[-1]
 
 
 def role(tokens: frozenset[str]) -> tuple[str, int] | None:
@@ -392,7 +419,7 @@ def fused_roles(names: list[str], ck: Checkpoint, shapes: Mapping[str, Any]) -> 
   head_dim]``, o ``[heads, head_dim, out]``); an MLP when its name says so or its kernels are
   gate and up of one shape and down their transpose."""
   groups: dict[tuple[str, str], dict[str, dict[int, str]]] = {}
-  for (parent, base, leaf), members in _families(names).items():
+  for (parent, base, leaf), members in _families(names, nested=False).items():
     groups.setdefault((parent, base), {})[leaf] = members
   out = {}
   for (parent, _), leaves in groups.items():
