@@ -769,6 +769,20 @@ MUTATIONS = (
     "_before_after)",
     ("tests/test_match_whisper.py", "-k", "compact"),
   ),
+  Mutation(
+    "haiku's /~/ does not separate a target's towers",
+    "paramreg_jax/_src/match/towers.py",
+    'else unescaped(n).split("/") for n in names]',
+    'else n.split("/") for n in names]',
+    ("tests/test_match_whisper.py", "-k", "haiku"),
+  ),
+  Mutation(
+    "haiku's unnumbered first module is no member of its family",
+    "paramreg_jax/_src/match/order.py",
+    '  if m is None or not m.group("base"):\n',
+    '  if m is None or not m.group("base") or m.group("n") is None:\n',
+    ("tests/test_match_whisper.py", "-k", "haiku"),
+  ),
 )
 
 

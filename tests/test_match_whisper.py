@@ -257,3 +257,93 @@ def test_a_compact_whisper_maps_its_two_attentions_dense_by_dense_in_call_order(
     forward(c, from_compact(c, restored), ref["input_features"], ref["decoder_input_ids"])
   )
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+
+
+# --- Whisper as haiku names it: `/~/` paths, `linear`/`linear_1`, `multi_head_attention_1` -------
+
+_HK_ROLES = {"q": "query", "k": "key", "v": "value", "o": "linear"}  # hk.MultiHeadAttention's
+
+
+def haiku_target(c):
+  """haiku's flat ``{module path: {param: array}}``: the towers ``whisper/~/audio_encoder``
+  and ``whisper/~/text_decoder``; in a layer, the MLP's ``linear``/``linear_1``, the norms
+  ``layer_norm``.. ``layer_norm_2`` (``scale``/``offset``), and the decoder's two
+  ``multi_head_attention``, ``multi_head_attention_1`` (haiku numbers the second only)."""
+  d, f, n = c["d_model"], c["encoder_ffn_dim"], c["encoder_layers"]
+  one = lambda *s: jax.ShapeDtypeStruct(s, np.float32)  # noqa: E731
+  norm = {"scale": one(d), "offset": one(d)}
+  p: dict = {}
+  for tower, cross in (("whisper/~/audio_encoder", False), ("whisper/~/text_decoder", True)):
+    p[f"{tower}/~/layer_norm"] = norm
+    for i in range(n):
+      layer = f"{tower}/~/layer_{i}"
+      for a in range(1 + cross):
+        mha = f"{layer}/~/multi_head_attention" + (f"_{a}" if a else "")
+        for r, hk in _HK_ROLES.items():
+          p[f"{mha}/~/{hk}"] = {"w": one(d, d), **({} if r == "k" else {"b": one(d)})}
+      for j in range(2 + cross):
+        p[f"{layer}/~/layer_norm" + (f"_{j}" if j else "")] = norm
+      p[f"{layer}/~/linear"] = {"w": one(d, f), "b": one(f)}
+      p[f"{layer}/~/linear_1"] = {"w": one(f, d), "b": one(d)}
+  e, t = "whisper/~/audio_encoder", "whisper/~/text_decoder"
+  p[f"{e}/~/conv1_d"] = {"w": one(3, c["num_mel_bins"], d), "b": one(d)}
+  p[f"{e}/~/conv1_d_1"] = {"w": one(3, d, d), "b": one(d)}
+  p[e] = {"pos_embedding": one(c["max_source_positions"], d)}
+  p[f"{t}/~/embed"] = {"embeddings": one(c["vocab_size"], d)}
+  p[t] = {"pos_embedding": one(c["max_target_positions"], d)}
+  return p
+
+
+def from_haiku(c, restored):
+  """The haiku tree read as the forward pass reads it."""
+  r = jax.tree.map(np.asarray, restored)
+  dense = lambda p: {"kernel": p["w"], **({"bias": p["b"]} if "b" in p else {})}  # noqa: E731
+  norm = lambda p: {"scale": p["scale"], "bias": p["offset"]}  # noqa: E731
+
+  def layer(at, cross):
+    ln = lambda j: norm(r[f"{at}/~/layer_norm" + (f"_{j}" if j else "")])  # noqa: E731
+    attn = lambda a: {  # noqa: E731
+      x: dense(r[f"{at}/~/multi_head_attention" + (f"_{a}" if a else "") + f"/~/{hk}"])
+      for x, hk in _HK_ROLES.items()
+    }
+    out = {"attn": attn(0), "attn_norm": ln(0), "mlp_norm": ln(1 + cross)}
+    out["mlp"] = {"up": dense(r[f"{at}/~/linear"]), "down": dense(r[f"{at}/~/linear_1"])}
+    if cross:
+      out |= {"xattn": attn(1), "xattn_norm": ln(1)}
+    return out
+
+  e, t, n = "whisper/~/audio_encoder", "whisper/~/text_decoder", c["encoder_layers"]
+  return {
+    "encoder": {
+      "conv1": dense(r[f"{e}/~/conv1_d"]),
+      "conv2": dense(r[f"{e}/~/conv1_d_1"]),
+      "pos_embed": {"embedding": r[e]["pos_embedding"]},
+      "final_norm": norm(r[f"{e}/~/layer_norm"]),
+      "layers": [layer(f"{e}/~/layer_{i}", False) for i in range(n)],
+    },
+    "decoder": {
+      "embed": {"embedding": r[f"{t}/~/embed"]["embeddings"]},
+      "pos_embed": {"embedding": r[t]["pos_embedding"]},
+      "final_norm": norm(r[f"{t}/~/layer_norm"]),
+      "layers": [layer(f"{t}/~/layer_{i}", True) for i in range(n)],
+    },
+  }
+
+
+@pytest.mark.parametrize("config", [True, False], ids=["config", "no config"])
+def test_a_haiku_whisper_maps_with_its_towers_and_unnumbered_first_modules(config):
+  """The towers are read through haiku's ``/~/`` (each layer's MLP is then closed among its
+  own tower's tensors), and ``multi_head_attention`` (unnumbered) is the first of its family:
+  the self-attention, before ``multi_head_attention_1``, the cross-attention."""
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  path = hf.DATA / NAME / "model.safetensors"
+  src = SafetensorsSource(path) if config else prj.MemorySource(load_file(str(path)))
+  tree = haiku_target(c)
+  m = prj.match(tree, src)
+  assert m.towers == (("audio_encoder", "encoder"), ("text_decoder", "decoder"))
+  restored = prj.restore(tree, src, recipes=m)
+  got = np.asarray(
+    forward(c, from_haiku(c, restored), ref["input_features"], ref["decoder_input_ids"])
+  )
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))

@@ -235,10 +235,10 @@ def settle_by_subtree(
     'net/initial_conv/w'
   """
   out = {}
-  anchored = {_unescaped(n): n for n, k in decided.items() if k and n not in hinted}
-  every_module = {_unescaped(target_module(n) or n) for n in (*decided, *open_)}
+  anchored = {unescaped(n): n for n, k in decided.items() if k and n not in hinted}
+  every_module = {unescaped(target_module(n) or n) for n in (*decided, *open_)}
   for name, cands in open_.items():
-    module = _unescaped(target_module(name) or name)  # a bare leaf (time_mix_k) is its own
+    module = unescaped(target_module(name) or name)  # a bare leaf (time_mix_k) is its own
     pick = _inside(cands, _nearest_decided(module, anchored), decided, top)
     if pick is None and target_module(name) is not None:
       # a sibling named alike says only which module of its unit, not where in a subtree
@@ -353,7 +353,7 @@ def _plain_words(component: str) -> frozenset[str]:
   return frozenset(w.lower() for w in re.split(r"[_\-\d]+", component) if len(w) > 1)
 
 
-def _unescaped(name: str) -> str:
+def unescaped(name: str) -> str:
   """A target name with haiku's ``/~/`` module separators (escaped in one key: ``~1~0~1``) as
   plain ones: ``net~1~0~1initial_batchnorm/scale`` is ``net/initial_batchnorm/scale``."""
   return name.replace("~1~0~1", "/").replace("/~/", "/")

@@ -103,9 +103,11 @@ def _numbered_module(name: str) -> tuple[tuple[str, str, str], int] | None:
   if len(parts) < 3 or is_container(parts[-3], True):
     return None
   m = _NUMBERED.match(parts[-3])
-  if m is None or m.group("n") is None or not m.group("base"):
+  if m is None or not m.group("base"):
     return None
-  return ("/".join(parts[:-3]), m.group("base"), "/".join(parts[-2:])), int(m.group("n"))
+  # haiku's first is unnumbered (multi_head_attention, multi_head_attention_1): alone, it
+  # is a family of one, which pairs nothing
+  return ("/".join(parts[:-3]), m.group("base"), "/".join(parts[-2:])), int(m.group("n") or 0)
 
 
 # a numbered module's numbered modules count in its own scope: Attention_1/Dense_0 follows

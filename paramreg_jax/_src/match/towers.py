@@ -39,6 +39,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 
 from paramreg_jax._src.match.candidates import Candidate
+from paramreg_jax._src.match.coherence import unescaped
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 
@@ -96,8 +97,8 @@ def _towers(names: list[str], sep: str, layered: Callable[[str], bool]) -> dict[
   are not a layer themselves (``layers_0``, ``block1``; a module named ``m13`` or flax's
   ``Encoder_0`` is a tower); a wrapper every name shares (``model.``, ``params/``) is not
   a tower: the level below it is, unless the wrapper is a layer (every name is inside
-  ``layers_0``: its modules are not towers)."""
-  split = [_COMPONENTS.split(n) if sep == "." else n.split("/") for n in names]
+  ``layers_0``: its modules are not towers). haiku's ``/~/`` separates modules too."""
+  split = [_COMPONENTS.split(n) if sep == "." else unescaped(n).split("/") for n in names]
   skip = 0
   while all(len(p) > skip + 1 for p in split) and len({p[skip] for p in split}) == 1:
     if concepts(split[0][skip]).indices:
