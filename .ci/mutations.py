@@ -783,6 +783,13 @@ MUTATIONS = (
     '  if m is None or not m.group("base") or m.group("n") is None:\n',
     ("tests/test_match_whisper.py", "-k", "haiku"),
   ),
+  Mutation(
+    "a unique shape counts the leaves names already decided",
+    "paramreg_jax/_src/match/unique.py",
+    "if n == slot.name or n not in sure] != [slot.name]:",
+    "] != [slot.name]:",
+    ("tests/test_match_unseen.py", "-k", "head_shaped"),
+  ),
 )
 
 

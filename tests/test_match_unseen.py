@@ -3046,3 +3046,64 @@ def test_an_open_clip_checkpoint_maps_into_each_style(build, tmp_path):
   target = _target(expect)
   m = prj.match(target, src)
   _assert_restores(expect, target, src, m)
+
+
+# --- a head of the shape of every layer's MLP kernel (unique.fit counts undecided leaves) -------
+
+HF = pathlib.Path(__file__).parent / "data" / "hf"
+
+
+def _neox_part(w, j, heads=4):
+  """GPT-NeoX's fused ``query_key_value`` keeps each head's q, k, v together: part ``j``."""
+  size = w.shape[0] // (3 * heads)
+  return np.concatenate([w[(h * 3 + j) * size : (h * 3 + j + 1) * size] for h in range(heads)])
+
+
+def gpt_neox_compact():
+  """GPT-NeoX as a linen ``@nn.compact`` writes it: the untied head a top-level ``Dense_0``
+  ``[32, 64]``, the shape of each layer's ``Mlp_0/Dense_0`` too."""
+  c = load_file(str(HF / "gpt_neox" / "model.safetensors"))
+  dense = lambda w, b: {"kernel": T(w), "bias": b}  # noqa: E731
+  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
+  p = {
+    "Embed_0": {"embedding": c["gpt_neox.embed_in.weight"]},
+    "LayerNorm_0": norm("gpt_neox.final_layer_norm"),
+    "Dense_0": {"kernel": T(c["embed_out.weight"])},
+  }
+  for i in range(2):
+    q = f"gpt_neox.layers.{i}."
+    w, b = c[q + "attention.query_key_value.weight"], c[q + "attention.query_key_value.bias"]
+    attention = {f"Dense_{j}": dense(_neox_part(w, j), _neox_part(b, j)) for j in range(3)}
+    attention["Dense_3"] = dense(c[q + "attention.dense.weight"], c[q + "attention.dense.bias"])
+    mlp = {
+      f"Dense_{j}": dense(c[q + f"mlp.{n}.weight"], c[q + f"mlp.{n}.bias"])
+      for j, n in enumerate(("dense_h_to_4h", "dense_4h_to_h"))
+    }
+    p[f"TransformerLayer_{i}"] = {
+      "LayerNorm_0": norm(q + "input_layernorm"),
+      "LayerNorm_1": norm(q + "post_attention_layernorm"),
+      "Attention_0": attention,
+      "Mlp_0": mlp,
+    }
+  return {"params": p}
+
+
+def test_a_head_shaped_like_every_layers_mlp_kernel_is_the_one_left_of_its_shape():
+  """The head ``Dense_0/kernel`` and ``embed_out.weight`` share no name, and three leaves
+  have the head's shape; but the layers' two are sure by name (``Mlp_0/Dense_0`` is
+  ``dense_h_to_4h``), so the head is the one leaf of its shape left, and ``embed_out`` the
+  one tensor (the config says the embedding is no head). Without the config, the embedding
+  read transposed is a head too: asked, both on the lines."""
+  expect = gpt_neox_compact()
+  target = _target(expect)
+  src = prj.open_source(str(HF / "gpt_neox"))
+  m = prj.match(target, src)
+  assert (
+    "unique shape, both linear weights"
+    in dict((t, why) for t, _, why in m.rows())["params/Dense_0/kernel"]
+  )
+  _assert_restores(expect, target, src, m)
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, prj.MemorySource(load_file(str(HF / "gpt_neox" / "model.safetensors"))))
+  lines = literal_entries(e.value)["params/Dense_0/kernel"]
+  assert any("'embed_out.weight'" in x or '"embed_out.weight"' in x for x in lines), lines

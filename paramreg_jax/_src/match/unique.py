@@ -19,15 +19,15 @@ from paramreg_jax._src.match.vocabulary import concepts
 
 
 class Shapes:
-  """What the rules count: how many target leaves have each shape, the checkpoint tensors of
+  """What the rules count: the target leaves of each shape, the checkpoint tensors of
   each shape, which leaves each tensor is a candidate of, and (counted once, when first
   asked) the norms outside the layers on each side."""
 
   def __init__(self, slots: list[Any], ranked: Mapping[str, list[Candidate]], ck: Checkpoint):
     self._slots, self._ck = slots, ck
-    self.leaves: dict[tuple[int, ...], int] = {}
+    self.leaves: dict[tuple[int, ...], list[str]] = {}
     for s in slots:
-      self.leaves[tuple(s.shape)] = self.leaves.get(tuple(s.shape), 0) + 1
+      self.leaves.setdefault(tuple(s.shape), []).append(s.name)
     self.tensors: dict[tuple[int, ...], list[str]] = {}
     for key, shape in ck.shapes.items():
       self.tensors.setdefault(tuple(shape), []).append(key)
@@ -58,9 +58,10 @@ def fit(
   or stem: ``embedding/kernel`` ``(8, 8, 3, 32)`` and ``patch_embeddings.projection.weight``
   ``(32, 3, 8, 8)``), a linear kernel and a linear weight (a classifier). Taken although the
   names share only the kind: the shape says it, being the only one of its kind in the target
-  and in the checkpoint (but for tensors other leaves are sure to take by name: an untied
-  head's ``lm_head`` beside the embedding that ``embed/embedding`` takes: ``sure``, what
-  other leaves take by a hint or a single best name). Outside the layers only (inside them,
+  and in the checkpoint (but for the leaves and tensors other evidence is sure of: an
+  untied head's ``lm_head`` beside the embedding that ``embed/embedding`` takes, a head
+  ``Dense_0/kernel`` of the shape of every layer's MLP kernel that names decide: ``sure``,
+  what other leaves take by a hint or a single best name). Outside the layers only (inside them,
   closure decides). A vector (a norm, a bias) is never decided so, and neither is a leaf
   another arrangement could fill (a heads-split kernel)."""
   shape = tuple(slot.shape)
@@ -84,7 +85,11 @@ def fit(
   ):
     return None
   taken = {k for n, keys in sure.items() if n != slot.name for k in keys}
-  if shapes.leaves[shape] != 1 or [k for k in shapes.tensors[stored] if k not in taken] != [key]:
+  # the only leaf of its shape and the only tensor of its stored shape, but for those other
+  # evidence is sure of (an MLP's kernel in every layer of the head's shape, decided by name)
+  if [n for n in shapes.leaves[shape] if n == slot.name or n not in sure] != [slot.name]:
+    return None
+  if [k for k in shapes.tensors[stored] if k not in taken] != [key]:
     return None
   if embedding and stored != shape:
     return None
