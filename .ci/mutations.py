@@ -790,6 +790,13 @@ MUTATIONS = (
     "] != [slot.name]:",
     ("tests/test_match_unseen.py", "-k", "head_shaped"),
   ),
+  Mutation(
+    "a pre- and a post-norm of no sublayer have no place in the order",
+    "paramreg_jax/_src/match/order.py",
+    'if not sublayers and len(ends := {"pre", "post"} & tokens) == 1:',
+    'if False and (ends := {"pre", "post"} & tokens):',
+    ("tests/test_match_unseen.py", "-k", "clip_compact"),
+  ),
 )
 
 

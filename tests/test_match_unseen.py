@@ -319,6 +319,55 @@ def clip_nnx():
   }
 
 
+def _clip_compact_block(c, q):
+  norm = lambda k: {"scale": c[q + k + ".weight"], "bias": c[q + k + ".bias"]}  # noqa: E731
+  dense = lambda k: {"kernel": T(c[q + k + ".weight"]), "bias": c[q + k + ".bias"]}  # noqa: E731
+  projections = ("q_proj", "k_proj", "v_proj", "out_proj")
+  return {
+    "LayerNorm_0": norm("layer_norm1"),
+    "MultiHeadAttention_0": {
+      f"Dense_{j}": dense(f"self_attn.{n}") for j, n in enumerate(projections)
+    },
+    "LayerNorm_1": norm("layer_norm2"),
+    "MlpBlock_0": {"Dense_0": dense("mlp.fc1"), "Dense_1": dense("mlp.fc2")},
+  }
+
+
+def clip_compact_same_class():
+  """CLIP's two towers as two instances of one linen class (``Encoder_0``, ``Encoder_1``),
+  everything below them numbered by flax; the vision tower's ``LayerNorm_0`` and
+  ``LayerNorm_1`` outside its blocks are its pre- and post-norm, in call order."""
+  c = ld("clip")
+  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
+  blocks = lambda t: {  # noqa: E731
+    f"ResidualAttentionBlock_{i}": _clip_compact_block(c, f"{t}.encoder.layers.{i}.")
+    for i in range(2)
+  }
+  text = {
+    "Embed_0": {"embedding": c["text_model.embeddings.token_embedding.weight"]},
+    "positional_embedding": c["text_model.embeddings.position_embedding.weight"],
+    "LayerNorm_0": norm("text_model.final_layer_norm"),
+    **blocks("text_model"),
+  }
+  vision = {
+    "Conv_0": {"kernel": conv2(c["vision_model.embeddings.patch_embedding.weight"])},
+    "class_embedding": c["vision_model.embeddings.class_embedding"],
+    "positional_embedding": c["vision_model.embeddings.position_embedding.weight"],
+    "LayerNorm_0": norm("vision_model.pre_layrnorm"),
+    "LayerNorm_1": norm("vision_model.post_layernorm"),
+    **blocks("vision_model"),
+  }
+  return "clip", {
+    "params": {
+      "Encoder_0": text,
+      "Encoder_1": vision,
+      "text_projection": {"kernel": T(c["text_projection.weight"])},
+      "visual_projection": {"kernel": T(c["visual_projection.weight"])},
+      "logit_scale": c["logit_scale"],
+    }
+  }
+
+
 def _batch_norm(c, q):
   """A torch ``BatchNorm`` at ``q`` as flax keeps it: its ``params`` and its ``batch_stats``."""
   return (
@@ -2576,6 +2625,7 @@ MAPPED = {
   f.__name__: f
   for f in (
     vit_mae_scanned,
+    clip_compact_same_class,
     resnet_haiku,
     resnet_torch_names,
     conformer_praxis_nnx,

@@ -165,6 +165,8 @@ def role(tokens: frozenset[str]) -> tuple[str, int] | None:
     return ("attn layer scale", 8) if "attn" in tokens else ("mlp layer scale", 9)
   if "norm" in tokens:
     sublayers = [s for s in ("attn", "xattn", "mlp") if s in tokens]
+    if not sublayers and len(ends := {"pre", "post"} & tokens) == 1:  # CLIP's pre_layrnorm
+      return ("pre-norm", -1) if ends == {"pre"} else ("post-norm", 99)  # first, last of all
     if len(sublayers) != 1:
       return None
     (sublayer,) = sublayers
