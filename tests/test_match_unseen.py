@@ -3157,3 +3157,49 @@ def test_a_head_shaped_like_every_layers_mlp_kernel_is_the_one_left_of_its_shape
     prj.match(target, prj.MemorySource(load_file(str(HF / "gpt_neox" / "model.safetensors"))))
   lines = literal_entries(e.value)["params/Dense_0/kernel"]
   assert any("'embed_out.weight'" in x or '"embed_out.weight"' in x for x in lines), lines
+
+
+def bloom_compact():
+  """BLOOM as a linen ``@nn.compact`` writes it: outside the blocks, ``LayerNorm_0`` (after
+  the embedding: ``word_embeddings_layernorm``) and ``LayerNorm_1`` (the final ``ln_f``)."""
+  c = load_file(str(HF / "bloom" / "model.safetensors"))
+  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
+  dense = lambda k: {"kernel": T(c[k + ".weight"]), "bias": c[k + ".bias"]}  # noqa: E731
+  p = {
+    "Embed_0": {"embedding": c["transformer.word_embeddings.weight"]},
+    "LayerNorm_0": norm("transformer.word_embeddings_layernorm"),
+    "LayerNorm_1": norm("transformer.ln_f"),
+  }
+  for i in range(2):
+    q = f"transformer.h.{i}."
+    p[f"BloomBlock_{i}"] = {
+      "LayerNorm_0": norm(q + "input_layernorm"),
+      "LayerNorm_1": norm(q + "post_attention_layernorm"),
+      "Attention_0": {
+        "Dense_0": dense(q + "self_attention.query_key_value"),
+        "Dense_1": dense(q + "self_attention.dense"),
+      },
+      "Mlp_0": {
+        "Dense_0": dense(q + "mlp.dense_h_to_4h"),
+        "Dense_1": dense(q + "mlp.dense_4h_to_h"),
+      },
+    }
+  return {"params": p}
+
+
+@pytest.mark.parametrize("config", [True, False], ids=["config", "no config"])
+def test_norms_outside_the_blocks_take_the_embeddings_and_the_final_norm_in_order(config):
+  """Both outer norms name nothing but a norm (each reads as the final one): the embeddings'
+  norm comes first in call order, the final norm last."""
+  expect = bloom_compact()
+  target = _target(expect)
+  path = HF / "bloom"
+  src = prj.open_source(str(path)) if config else prj.MemorySource(ld_path(path))
+  m = prj.match(target, src)
+  why = {t: reason for t, _, reason in m.rows()}
+  assert "in order: LayerNorm_0 of 2 is the embeddings' norm" in why["params/LayerNorm_0/scale"]
+  _assert_restores(expect, target, src, m)
+
+
+def ld_path(path):
+  return load_file(str(path / "model.safetensors"))

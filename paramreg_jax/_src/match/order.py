@@ -159,14 +159,20 @@ def _label(name: str, members: Mapping[int, str]) -> str:
   return "/".join(parts[differ[0] : differ[-1] + 1]) if differ else parts[-1]
 
 
+_ENDS = {"pre": ("pre-norm", -1), "embed": ("embeddings' norm", -1)}
+_ENDS |= {"post": ("post-norm", 99), "final": ("final norm", 99)}
+
+
 def role(tokens: frozenset[str]) -> tuple[str, int] | None:
   """A tensor's place in a block's call order: ``(what, rank)``, or None if not known."""
   if "layerscale" in tokens and len({"attn", "mlp"} & tokens) == 1:  # scales what it follows
     return ("attn layer scale", 8) if "attn" in tokens else ("mlp layer scale", 9)
   if "norm" in tokens:
     sublayers = [s for s in ("attn", "xattn", "mlp") if s in tokens]
-    if not sublayers and len(ends := {"pre", "post"} & tokens) == 1:  # CLIP's pre_layrnorm
-      return ("pre-norm", -1) if ends == {"pre"} else ("post-norm", 99)  # first, last of all
+    # of no sublayer: CLIP's pre_layrnorm and post_layernorm around its blocks, BLOOM's
+    # word_embeddings_layernorm before them and ln_f after: first or last of all
+    if not sublayers and len(ends := tokens & _ENDS.keys()) == 1:
+      return _ENDS[next(iter(ends))]
     if len(sublayers) != 1:
       return None
     (sublayer,) = sublayers
