@@ -797,6 +797,13 @@ MUTATIONS = (
     "    if False:\n",
     ("tests/test_match_unseen.py", "-k", "clip_compact or outside_the_blocks"),
   ),
+  Mutation(
+    "a linen Sequential's items are read as layers",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "    if container and n and _SEQUENTIAL.match(shape[n - 1]):\n",
+    "    if False:\n",
+    ("tests/test_match_unseen.py", "-k", "sequentials_items"),
+  ),
 )
 
 

@@ -3203,3 +3203,43 @@ def test_norms_outside_the_blocks_take_the_embeddings_and_the_final_norm_in_orde
 
 def ld_path(path):
   return load_file(str(path / "model.safetensors"))
+
+
+def vit_linen_sequential():
+  """A ViT whose MLP is linen's ``nn.Sequential([nn.Dense, nn.gelu, nn.Dense])``: its items
+  are ``Sequential_0/layers_0`` and ``layers_2`` (the gelu is the second), which are no
+  layers of the model but the MLP's up and down projections, in call order."""
+  c = load_file(str(HF / "vit" / "model.safetensors"))
+  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
+  dense = lambda k: {"kernel": T(c[k + ".weight"]), "bias": c[k + ".bias"]}  # noqa: E731
+  t = {
+    "embedding": {
+      "kernel": conv2(c["embeddings.patch_embeddings.projection.weight"]),
+      "bias": c["embeddings.patch_embeddings.projection.bias"],
+    },
+    "cls": c["embeddings.cls_token"],
+    "pos_embedding": c["embeddings.position_embeddings"],
+    "encoder_norm": norm("layernorm"),
+    "pre_logits": dense("pooler.dense"),
+  }
+  for i in range(2):
+    q = f"encoder.layer.{i}."
+    a = q + "attention.attention."
+    t[f"encoderblock_{i}"] = {
+      "LayerNorm_0": norm(q + "layernorm_before"),
+      "Attention_0": {n: dense(a + n) for n in ("query", "key", "value")}
+      | {"out": dense(q + "attention.output.dense")},
+      "LayerNorm_1": norm(q + "layernorm_after"),
+      "Sequential_0": {
+        "layers_0": dense(q + "intermediate.dense"),
+        "layers_2": dense(q + "output.dense"),
+      },
+    }
+  return t
+
+
+def test_a_linen_sequentials_items_are_no_layers():
+  expect = vit_linen_sequential()
+  target = _target(expect)
+  src = prj.open_source(str(HF / "vit"))
+  _assert_restores(expect, target, src, prj.match(target, src))

@@ -441,6 +441,8 @@ def _words(
     if (n == 0 and word in noise) or (not where and not stacked and n in listed):
       continue
     container = _container(word, bool(where) or stacked)
+    if container and n and _SEQUENTIAL.match(shape[n - 1]):
+      continue  # linen's Sequential_0/layers_2: its third item (an MLP's), not a layer
     if not where and is_stage(word):
       container = (word.rstrip("0123456789"),)
     if _SCANNED.match(raw):  # linen's nn.scan over a block: its layers on a leading axis
@@ -465,6 +467,10 @@ def _words(
     staged = False
   tokens, kind, bare = _fold(tuple(parts), bool(where) or stacked)
   return tokens, kind, bare, tuple(where)
+
+
+# linen's ``nn.Sequential`` module, auto-named: it names its items ``layers_0``, ``layers_1``
+_SEQUENTIAL = re.compile(r"^[Ss]equential(_\d+)?$")
 
 
 def _module_list(shape: tuple[str, ...]) -> tuple[int, ...]:
