@@ -804,6 +804,13 @@ MUTATIONS = (
     "    if False:\n",
     ("tests/test_match_unseen.py", "-k", "sequentials_items"),
   ),
+  Mutation(
+    "an expert numbered in its own name loses its number",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "    if (where or stacked) and _EXPERT.match(word):",
+    "    if False:",
+    ("tests/test_match_unseen.py", "-k", "numbered_in_its_own_name"),
+  ),
 )
 
 

@@ -3243,3 +3243,36 @@ def test_a_linen_sequentials_items_are_no_layers():
   target = _target(expect)
   src = prj.open_source(str(HF / "vit"))
   _assert_restores(expect, target, src, prj.match(target, src))
+
+
+def mixtral_compact_experts():
+  """Mixtral as a linen ``@nn.compact`` writes it: each expert a module of its class,
+  ``SparseMoe_0/Expert_{e}/w1``: the expert's number is in its name, as in ``experts.{e}``."""
+  c = load_file(str(HF / "mixtral" / "model.safetensors"))
+  kernel = lambda k: {"kernel": T(c[k + ".weight"])}  # noqa: E731
+  p = {
+    "Embed_0": {"embedding": c["model.embed_tokens.weight"]},
+    "RMSNorm_0": {"scale": c["model.norm.weight"]},
+    "lm_head": kernel("lm_head"),
+  }
+  for i in range(2):
+    q, m = f"model.layers.{i}.", f"model.layers.{i}.block_sparse_moe."
+    experts = {
+      f"Expert_{e}": {w: kernel(m + f"experts.{e}.{w}") for w in ("w1", "w2", "w3")}
+      for e in range(4)
+    }
+    p[f"DecoderLayer_{i}"] = {
+      "RMSNorm_0": {"scale": c[q + "input_layernorm.weight"]},
+      "RMSNorm_1": {"scale": c[q + "post_attention_layernorm.weight"]},
+      "Attention_0": {f"w{r}": kernel(q + f"self_attn.{r}_proj") for r in "qkvo"},
+      "SparseMoe_0": {"router": kernel(m + "gate"), **experts},
+    }
+  return {"params": p}
+
+
+def test_an_expert_numbered_in_its_own_name_is_that_expert():
+  """``Expert_2`` read as a word lost its number: every expert's ``w1`` was one concept."""
+  expect = mixtral_compact_experts()
+  target = _target(expect)
+  src = prj.open_source(str(HF / "mixtral"))
+  _assert_restores(expect, target, src, prj.match(target, src))

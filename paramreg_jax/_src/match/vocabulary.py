@@ -440,6 +440,11 @@ def _words(
     word = raw.lower()
     if (n == 0 and word in noise) or (not where and not stacked and n in listed):
       continue
+    if (where or stacked) and _EXPERT.match(word):  # a linen class's Expert_3 in a layer
+      parts.append("experts")
+      where.append((n, 2))
+      inside = False
+      continue
     container = _container(word, bool(where) or stacked)
     if container and n and _SEQUENTIAL.match(shape[n - 1]):
       continue  # linen's Sequential_0/layers_2: its third item (an MLP's), not a layer
@@ -469,6 +474,8 @@ def _words(
   return tokens, kind, bare, tuple(where)
 
 
+# one expert of a layer numbered in its own name (``Expert_3``, ``experts_3``): as experts.3
+_EXPERT = re.compile(r"^experts?_\d+$")
 # linen's ``nn.Sequential`` module, auto-named: it names its items ``layers_0``, ``layers_1``
 _SEQUENTIAL = re.compile(r"^[Ss]equential(_\d+)?$")
 
