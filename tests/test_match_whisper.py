@@ -167,6 +167,21 @@ def test_whisper_forward_pass_matches_pytorch_with_no_hints(stacked):
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
 
 
+def _suite_case(config):
+  """The suite's Whisper: its config, PyTorch's reference outputs, and its checkpoint (with
+  its ``config.json``, or the tensors alone)."""
+  c = json.loads((hf.DATA / NAME / "config.json").read_text())
+  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
+  path = hf.DATA / NAME / "model.safetensors"
+  src = SafetensorsSource(path) if config else prj.MemorySource(load_file(str(path)))
+  return c, ref, src
+
+
+def _forward_matches(c, ref, weights, m):
+  got = np.asarray(forward(c, weights, ref["input_features"], ref["decoder_input_ids"]))
+  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+
+
 # --- Whisper as a linen ``@nn.compact`` writes it: every module numbered by its class ------------
 
 _ROLES = ("q", "k", "v", "o")  # an attention's Dense_0..3, in the order it calls them
@@ -243,20 +258,13 @@ def test_a_compact_whisper_maps_its_two_attentions_dense_by_dense_in_call_order(
   """The decoder's eight square ``Dense`` kernels (two attentions of four) fit all eight
   projections by name and shape alike: only the nested call order (``MultiHeadAttention_0``'s
   ``Dense_0..3``, then ``_1``'s) says which is which."""
-  c = json.loads((hf.DATA / NAME / "config.json").read_text())
-  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
-  path = hf.DATA / NAME / "model.safetensors"
-  src = SafetensorsSource(path) if config else prj.MemorySource(load_file(str(path)))
+  c, ref, src = _suite_case(config)
   tree = compact_target(c)
   m = prj.match(tree, src)
   why = {t: reason for t, _, reason in m.rows()}
   cross_q = "params/TextDecoder_0/DecoderBlock_1/MultiHeadAttention_1/Dense_0/kernel"
   assert "in order: MultiHeadAttention_1/Dense_0 of 8 is the cross-attention q" in why[cross_q]
-  restored = prj.restore(tree, src, recipes=m)
-  got = np.asarray(
-    forward(c, from_compact(c, restored), ref["input_features"], ref["decoder_input_ids"])
-  )
-  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+  _forward_matches(c, ref, from_compact(c, prj.restore(tree, src, recipes=m)), m)
 
 
 # --- Whisper as haiku names it: `/~/` paths, `linear`/`linear_1`, `multi_head_attention_1` -------
@@ -335,15 +343,8 @@ def test_a_haiku_whisper_maps_with_its_towers_and_unnumbered_first_modules(confi
   """The towers are read through haiku's ``/~/`` (each layer's MLP is then closed among its
   own tower's tensors), and ``multi_head_attention`` (unnumbered) is the first of its family:
   the self-attention, before ``multi_head_attention_1``, the cross-attention."""
-  c = json.loads((hf.DATA / NAME / "config.json").read_text())
-  ref = dict(np.load(hf.DATA / NAME / "reference.npz"))
-  path = hf.DATA / NAME / "model.safetensors"
-  src = SafetensorsSource(path) if config else prj.MemorySource(load_file(str(path)))
+  c, ref, src = _suite_case(config)
   tree = haiku_target(c)
   m = prj.match(tree, src)
   assert m.towers == (("audio_encoder", "encoder"), ("text_decoder", "decoder"))
-  restored = prj.restore(tree, src, recipes=m)
-  got = np.asarray(
-    forward(c, from_haiku(c, restored), ref["input_features"], ref["decoder_input_ids"])
-  )
-  np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+  _forward_matches(c, ref, from_haiku(c, prj.restore(tree, src, recipes=m)), m)
