@@ -811,6 +811,13 @@ MUTATIONS = (
     "    if False:",
     ("tests/test_match_unseen.py", "-k", "numbered_in_its_own_name"),
   ),
+  Mutation(
+    "a question asked for every expert is said to be for every layer",
+    "paramreg_jax/_src/match/refusal.py",
+    'what = "experts" if _EXPERTS.search(keys[0]) else "layers"',
+    'what = "layers"',
+    ("tests/test_match_refusals.py", "-k", "for_the_experts"),
+  ),
 )
 
 

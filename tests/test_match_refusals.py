@@ -775,3 +775,26 @@ def test_tensors_under_the_same_modules_alike_are_still_asked():
   alone = {"enc": {"items_0": {"norm_a": {"scale": _sds((4,))}}}}  # no rival leaf to clash with
   with pytest.raises(prj.MatchError, match="ambiguous"):
     prj.match(alone, src)
+
+
+def test_a_question_alike_for_every_expert_is_asked_once_for_the_experts():
+  """Gate and up of four auto-named experts (never told apart by order): one question under
+  ``Expert_{i}``, said to be about experts, not layers."""
+  r = np.random.default_rng(2)
+  at = "model.layers.5.mlp.experts"
+  ck = {
+    f"{at}.{e}.{w}.weight": r.standard_normal((6, 4)).astype(np.float32)
+    for e in range(4)
+    for w in ("w1", "w3")
+  }
+  target = {
+    "DecoderLayer_5": {
+      "Moe_0": {
+        f"Expert_{e}": {f"Dense_{j}": {"kernel": _sds((4, 6))} for j in (0, 1)} for e in range(4)
+      }
+    }
+  }
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  said = [p for p in info.value.problems if "Expert_{i}/Dense_0" in p]
+  assert len(said) == 1 and ", in 4 experts (0, 1, 2, 3), each alike:" in said[0], said

@@ -58,6 +58,7 @@ from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 _CHOICES = 12  # choices an entry lists
+_EXPERTS = re.compile(r"(?i)experts?[._/]?\{i\}")  # a template over a layer's experts
 _NOTE = ("  # ", "  #   ")  # an entry's heading, and where it goes on when it is wide
 
 
@@ -338,7 +339,8 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
       choices = {**{k: cs for k, cs in choices.items() if cs}, **layouts}
     head, _, rest = said.partition(":")
     layers = ", ".join(n for _, n in members)
-    message = f"{head}, in {len(members)} layers ({layers}), each alike:{rest}"
+    what = "experts" if _EXPERTS.search(keys[0]) else "layers"  # Expert_{i}, experts/{i}
+    message = f"{head}, in {len(members)} {what} ({layers}), each alike:{rest}"
     out.append(Problem(message, [t for p, _ in members for t in p.targets], choices))
   return out + [p for p in problems if id(p) not in done]
 
