@@ -21,6 +21,7 @@ with the true tensor among its lines, and choosing those lines must restore it e
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -320,16 +321,14 @@ def clip_nnx():
 
 
 def _clip_compact_block(c, q):
-  norm = lambda k: {"scale": c[q + k + ".weight"], "bias": c[q + k + ".bias"]}  # noqa: E731
-  dense = lambda k: {"kernel": T(c[q + k + ".weight"]), "bias": c[q + k + ".bias"]}  # noqa: E731
   projections = ("q_proj", "k_proj", "v_proj", "out_proj")
   return {
-    "LayerNorm_0": norm("layer_norm1"),
+    "LayerNorm_0": _norm(c, q + "layer_norm1"),
     "MultiHeadAttention_0": {
-      f"Dense_{j}": dense(f"self_attn.{n}") for j, n in enumerate(projections)
+      f"Dense_{j}": _linear(c, q + f"self_attn.{n}") for j, n in enumerate(projections)
     },
-    "LayerNorm_1": norm("layer_norm2"),
-    "MlpBlock_0": {"Dense_0": dense("mlp.fc1"), "Dense_1": dense("mlp.fc2")},
+    "LayerNorm_1": _norm(c, q + "layer_norm2"),
+    "MlpBlock_0": {"Dense_0": _linear(c, q + "mlp.fc1"), "Dense_1": _linear(c, q + "mlp.fc2")},
   }
 
 
@@ -338,7 +337,7 @@ def clip_compact_same_class():
   everything below them numbered by flax; the vision tower's ``LayerNorm_0`` and
   ``LayerNorm_1`` outside its blocks are its pre- and post-norm, in call order."""
   c = ld("clip")
-  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
+  norm = functools.partial(_norm, c)
   blocks = lambda t: {  # noqa: E731
     f"ResidualAttentionBlock_{i}": _clip_compact_block(c, f"{t}.encoder.layers.{i}.")
     for i in range(2)
@@ -3113,8 +3112,8 @@ def gpt_neox_compact():
   """GPT-NeoX as a linen ``@nn.compact`` writes it: the untied head a top-level ``Dense_0``
   ``[32, 64]``, the shape of each layer's ``Mlp_0/Dense_0`` too."""
   c = load_file(str(HF / "gpt_neox" / "model.safetensors"))
-  dense = lambda w, b: {"kernel": T(w), "bias": b}  # noqa: E731
-  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
+  dense = lambda w, b: {"kernel": T(w), "bias": b}  # noqa: E731  (a fused tensor's part)
+  norm = functools.partial(_norm, c)
   p = {
     "Embed_0": {"embedding": c["gpt_neox.embed_in.weight"]},
     "LayerNorm_0": norm("gpt_neox.final_layer_norm"),
@@ -3124,9 +3123,9 @@ def gpt_neox_compact():
     q = f"gpt_neox.layers.{i}."
     w, b = c[q + "attention.query_key_value.weight"], c[q + "attention.query_key_value.bias"]
     attention = {f"Dense_{j}": dense(_neox_part(w, j), _neox_part(b, j)) for j in range(3)}
-    attention["Dense_3"] = dense(c[q + "attention.dense.weight"], c[q + "attention.dense.bias"])
+    attention["Dense_3"] = _linear(c, q + "attention.dense")
     mlp = {
-      f"Dense_{j}": dense(c[q + f"mlp.{n}.weight"], c[q + f"mlp.{n}.bias"])
+      f"Dense_{j}": _linear(c, q + f"mlp.{n}")
       for j, n in enumerate(("dense_h_to_4h", "dense_4h_to_h"))
     }
     p[f"TransformerLayer_{i}"] = {
@@ -3163,8 +3162,7 @@ def bloom_compact():
   """BLOOM as a linen ``@nn.compact`` writes it: outside the blocks, ``LayerNorm_0`` (after
   the embedding: ``word_embeddings_layernorm``) and ``LayerNorm_1`` (the final ``ln_f``)."""
   c = load_file(str(HF / "bloom" / "model.safetensors"))
-  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
-  dense = lambda k: {"kernel": T(c[k + ".weight"]), "bias": c[k + ".bias"]}  # noqa: E731
+  norm, dense = functools.partial(_norm, c), functools.partial(_linear, c)
   p = {
     "Embed_0": {"embedding": c["transformer.word_embeddings.weight"]},
     "LayerNorm_0": norm("transformer.word_embeddings_layernorm"),
@@ -3210,8 +3208,7 @@ def vit_linen_sequential():
   are ``Sequential_0/layers_0`` and ``layers_2`` (the gelu is the second), which are no
   layers of the model but the MLP's up and down projections, in call order."""
   c = load_file(str(HF / "vit" / "model.safetensors"))
-  norm = lambda k: {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}  # noqa: E731
-  dense = lambda k: {"kernel": T(c[k + ".weight"]), "bias": c[k + ".bias"]}  # noqa: E731
+  norm, dense = functools.partial(_norm, c), functools.partial(_linear, c)
   t = {
     "embedding": {
       "kernel": conv2(c["embeddings.patch_embeddings.projection.weight"]),
@@ -3249,7 +3246,7 @@ def mixtral_compact_experts():
   """Mixtral as a linen ``@nn.compact`` writes it: each expert a module of its class,
   ``SparseMoe_0/Expert_{e}/w1``: the expert's number is in its name, as in ``experts.{e}``."""
   c = load_file(str(HF / "mixtral" / "model.safetensors"))
-  kernel = lambda k: {"kernel": T(c[k + ".weight"])}  # noqa: E731
+  kernel = functools.partial(_linear, c)  # no bias in the checkpoint: a kernel alone
   p = {
     "Embed_0": {"embedding": c["model.embed_tokens.weight"]},
     "RMSNorm_0": {"scale": c["model.norm.weight"]},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -98,6 +99,14 @@ class Checkpoint:
     out: dict[tuple[int, ...], list[str]] = {}
     for k, c in self.concepts.items():
       out.setdefault(c.indices, []).append(k)
+    return out
+
+  @functools.cached_property
+  def by_size(self) -> dict[int, list[str]]:
+    """Keys by their number of values (what a refusal offers a leaf no name ties to)."""
+    out: dict[int, list[str]] = {}
+    for k in self.concepts:
+      out.setdefault(math.prod(self.shapes[k]), []).append(k)
     return out
 
   @functools.cached_property

@@ -234,10 +234,12 @@ def as_many_values(slot: Any, ck: evidence.Checkpoint) -> list[Candidate]:
   its shape. Its name said nothing a tensor's did (an opaque ``p7`` beside a
   ``relative_position_bias_table``; a sequential's ``stem/0`` read as a layer): size is all
   that is left, and uncommenting a line is the user's choice, never ``match``'s."""
-  shape, size = tuple(slot.shape), math.prod(slot.shape)
+  shape = tuple(slot.shape)
   level = evidence.target_indices(slot.name, concepts(slot.name).indices, ck)
-  alike = [k for k in ck.concepts if math.prod(ck.shapes[k]) == size]
-  alike.sort(key=lambda k: (ck.concepts[k].indices != level, tuple(ck.shapes[k]) != shape))
+  alike = sorted(
+    ck.by_size.get(math.prod(shape), ()),
+    key=lambda k: (ck.concepts[k].indices != level, tuple(ck.shapes[k]) != shape),
+  )
   out: list[Candidate] = []
   for k in alike:
     for c in hints_lib.candidates_of(slot, [k], ck):
