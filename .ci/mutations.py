@@ -818,6 +818,20 @@ MUTATIONS = (
     'what = "layers"',
     ("tests/test_match_refusals.py", "-k", "for_the_experts"),
   ),
+  Mutation(
+    "haiku's unnumbered first layer is read as no layer",
+    "paramreg_jax/_src/match/unnumbered.py",
+    '        read[parent + kid] = f"{parent}{kid}_0"\n',
+    "        pass\n",
+    ("tests/test_match_unseen.py", "-k", "unnumbered"),
+  ),
+  Mutation(
+    "what match raises names the layer it reads, not the target's own",
+    "paramreg_jax/_src/match/unnumbered.py",
+    '      text = re.sub(rf"(?<![\\w~]){re.escape(read)}(?![\\w])", original, text)\n',
+    "      pass\n",
+    ("tests/test_match_unseen.py", "-k", "unnumbered"),
+  ),
 )
 
 

@@ -3273,3 +3273,103 @@ def test_an_expert_numbered_in_its_own_name_is_that_expert():
   target = _target(expect)
   src = prj.open_source(str(HF / "mixtral"))
   _assert_restores(expect, target, src, prj.match(target, src))
+
+
+def _hk(i, base):
+  """haiku's name for the ``i``-th module of a class: the first has no number."""
+  return f"{base}_{i}" if i else base
+
+
+def gpt2_haiku_auto():
+  """GPT-2 as haiku names a loop of unnamed ``Block()`` modules: ``transformer/~/block``,
+  ``transformer/~/block_1``; each block's norms ``layer_norm``, ``layer_norm_1``, its
+  attention's ``query``/``key``/``value`` (the fused ``c_attn``'s thirds) and ``linear``."""
+  c = load_file(str(HF / "gpt2" / "model.safetensors"))
+  d = c["transformer.wte.weight"].shape[1]
+  norm = lambda k: {"scale": c[k + ".weight"], "offset": c[k + ".bias"]}  # noqa: E731
+  conv1d = lambda k: {"w": c[k + ".weight"], "b": c[k + ".bias"]}  # noqa: E731  ([in, out])
+  p = {
+    "embed": {"embeddings": c["transformer.wte.weight"]},
+    "positional_embeddings": {"embeddings": c["transformer.wpe.weight"]},
+    "transformer/~/layer_norm": norm("transformer.ln_f"),
+  }
+  for i in range(2):
+    q, block = f"transformer.h.{i}.", f"transformer/~/{_hk(i, 'block')}"
+    w, b = c[q + "attn.c_attn.weight"], c[q + "attn.c_attn.bias"]
+    for j, part in enumerate(("query", "key", "value")):
+      third = slice(j * d, (j + 1) * d)
+      p[f"{block}/~/multi_head_attention/~/{part}"] = {"w": w[:, third], "b": b[third]}
+    p[f"{block}/~/multi_head_attention/~/linear"] = conv1d(q + "attn.c_proj")
+    p[f"{block}/~/layer_norm"] = norm(q + "ln_1")
+    p[f"{block}/~/layer_norm_1"] = norm(q + "ln_2")
+    p[f"{block}/~/linear"] = conv1d(q + "mlp.c_fc")
+    p[f"{block}/~/linear_1"] = conv1d(q + "mlp.c_proj")
+  return p
+
+
+def test_haikus_unnumbered_first_layer_is_layer_0():
+  """``block`` beside ``block_1`` is layer 0, not a module outside the layers: read so, it
+  maps as the others do; before, its leaves looked for tensors among the final norm and
+  the embeddings, and the true tensor was on no line."""
+  expect = gpt2_haiku_auto()
+  target = _target(expect)
+  src = prj.open_source(str(HF / "gpt2"))
+  m = prj.match(target, src)
+  assert "transformer~1~0~1block~1~0~1layer_norm/scale" in {t for t, _, _ in m.rows()}
+  _assert_restores(expect, target, src, m)
+
+
+def llama_haiku_auto():
+  """Llama as haiku names a loop of unnamed ``DecoderLayer()`` modules: ``decoder_layer``,
+  ``decoder_layer_1``; the MLP's ``linear``, ``linear_1``, ``linear_2`` are gate, up, down
+  (gate and up: code calls them either way round, so they are asked)."""
+  c = load_file(str(HF / "llama" / "model.safetensors"))
+  w = lambda k: {"w": T(c[k + ".weight"])}  # noqa: E731
+  p = {"embed": {"embeddings": c["model.embed_tokens.weight"]}, "linear": w("lm_head")}
+  p["rms_norm"] = {"scale": c["model.norm.weight"]}
+  for i in range(2):
+    q, layer = f"model.layers.{i}.", _hk(i, "decoder_layer")
+    p[f"{layer}/~/rms_norm"] = {"scale": c[q + "input_layernorm.weight"]}
+    p[f"{layer}/~/rms_norm_1"] = {"scale": c[q + "post_attention_layernorm.weight"]}
+    for j, r in enumerate("qkvo"):
+      p[f"{layer}/~/attention/~/{_hk(j, 'linear')}"] = w(q + f"self_attn.{r}_proj")
+    for j, r in enumerate(("gate", "up", "down")):
+      p[f"{layer}/~/mlp/~/{_hk(j, 'linear')}"] = w(q + f"mlp.{r}_proj")
+  return p
+
+
+def test_a_refusal_over_haikus_unnumbered_layer_names_the_targets_own_leaves():
+  """What ``match`` raises names the target's leaves as they are (``decoder_layer``, never
+  the ``decoder_layer_0`` it reads), asks gate and up once for every layer, and the lines
+  chosen (a ``{i}`` key covers layer 0) or a hint by the target's own name restore."""
+  expect = llama_haiku_auto()
+  target = _target(expect)
+  src = prj.open_source(str(HF / "llama"))
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, src)
+  said = [str(e.value), e.value.hints_code, *map(str, e.value.problems)]
+  said += [t for p in e.value.problems for t in (*p.targets, *p.choices)]
+  said += [p.target for p in e.value.partial.proposals]
+  assert not [s for s in said if "decoder_layer_0" in s]
+  assert "decoder_layer~1~0~1rms_norm/scale" in {p.target for p in e.value.partial.proposals}
+  entries = literal_entries(e.value)
+  assert sorted(entries) == [
+    "decoder_layer_{i}~1~0~1mlp~1~0~1linear/w",
+    "decoder_layer_{i}~1~0~1mlp~1~0~1linear_1/w",
+  ]
+  gate = "decoder_layer_{i}~1~0~1mlp~1~0~1linear/w"
+  up = "decoder_layer_{i}~1~0~1mlp~1~0~1linear_1/w"
+  hints = {
+    gate: "model.layers.{i}.mlp.gate_proj.weight",
+    up: "model.layers.{i}.mlp.up_proj.weight",
+  }
+  for key, lines in entries.items():
+    assert any(uncommented(x) == {key: hints[key]} for x in lines), lines
+  _assert_restores(expect, target, src, prj.match(target, src, hints=hints))
+  own = {  # the same by the target's own names, layer by layer
+    "decoder_layer~1~0~1mlp~1~0~1linear/w": "model.layers.0.mlp.gate_proj.weight",
+    "decoder_layer~1~0~1mlp~1~0~1linear_1/w": "model.layers.0.mlp.up_proj.weight",
+    "decoder_layer_1~1~0~1mlp~1~0~1linear/w": "model.layers.1.mlp.gate_proj.weight",
+    "decoder_layer_1~1~0~1mlp~1~0~1linear_1/w": "model.layers.1.mlp.up_proj.weight",
+  }
+  _assert_restores(expect, target, src, prj.match(target, src, hints=own))

@@ -8,6 +8,8 @@ the concept (data flows down the list):
    model's own prefix are split off, and the field's vocabularies are folded (``q_proj``/
    ``query``/``wq`` -> ``q``, ``weight``/``kernel``/``scale``/``embedding`` -> ``w``,
    ``input_layernorm`` -> ``attn norm`` ...). Two names are compared by their overlap.
+   ``unnumbered``: the target's names as read, haiku's unnumbered first layer (``block``
+   beside ``block_1``) numbered 0; what ``match`` says names the target's own.
 2. ``evidence``: what the checkpoint says about itself (``config.json``: model type, head
    counts, tied embeddings, fused layouts); ``axes``: how each target leaf keeps its axes
    next to the stored tensor's (``[in, out]`` or ``[out, in]``), from the config and the

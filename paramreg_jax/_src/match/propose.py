@@ -24,6 +24,7 @@ from paramreg_jax._src.match import refusal
 from paramreg_jax._src.match import shares as shares_lib
 from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match import towers
+from paramreg_jax._src.match import unnumbered
 from paramreg_jax._src.match import vocabulary
 from paramreg_jax._src.match.proposal import Match
 from paramreg_jax._src.match.proposal import Proposal
@@ -98,9 +99,40 @@ def match(
   if forms.values_differ:  # decided on values, read as stored (match/quantized.py)
     quantized.check_forms(forms, source)
     source = quantized.ValuesView(source, forms)
-  slots, quantized_weights = kept.collapse(_slots(target))
   _check_hints(hints)
+  every = _slots(target)
   keys = list(source.keys())
+  read = unnumbered.reading([s.name for s in every], keys)
+  try:
+    result = _propose(read.slots(every), source, stored, forms, keys, read.hints(hints), config)
+  except errors.MatchError as e:
+    if read:
+      raise read.error(e) from e
+    raise
+  result = read.match(result)
+  try:
+    planning.plan_restore(target, stored, recipes=result)
+  except errors.RestorePlanError as e:
+    raise errors.MatchError(
+      f"the proposed mapping does not plan (a bug in match, or a checkpoint it misreads): {e}",
+      e.problems,
+      result,
+    ) from e
+  return result
+
+
+def _propose(
+  every: list[Any],
+  source: source_lib.CheckpointSource,
+  stored: source_lib.CheckpointSource,
+  forms: Any,
+  keys: list[str],
+  hints: api_types.Hints | None,
+  config: Mapping[str, Any] | None,
+) -> Match:
+  """The :class:`Match` of the target's slots ``every`` (as :mod:`unnumbered` reads them):
+  ``source`` is what is decided on, ``stored`` what the recipes read."""
+  slots, quantized_weights = kept.collapse(every)
   names = [s.name for s in slots]
   rest, share_hints = hints_lib.split_shares(dict(hints or {}))
   rest, layout_hints = hints_lib.split_layouts(rest, names)
@@ -133,14 +165,6 @@ def match(
     error = refusal.refuse(problems, ranked, slots, source, ck)
     error.partial = result
     raise error
-  try:
-    planning.plan_restore(target, stored, recipes=result)
-  except errors.RestorePlanError as e:
-    raise errors.MatchError(
-      f"the proposed mapping does not plan (a bug in match, or a checkpoint it misreads): {e}",
-      e.problems,
-      result,
-    ) from e
   return result
 
 
