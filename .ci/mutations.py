@@ -832,6 +832,20 @@ MUTATIONS = (
     "      pass\n",
     ("tests/test_match_unseen.py", "-k", "unnumbered"),
   ),
+  Mutation(
+    "a heads split the config contradicts is taken",
+    "paramreg_jax/_src/match/propose.py",
+    "  if not (facts.heads and facts.head_dim):\n    return []\n",
+    "  if True:\n    return []\n",
+    ("tests/test_match_layouts.py", "-k", "heads_split"),
+  ),
+  Mutation(
+    "a size-1 axis inserted by a reshape is read as one head",
+    "paramreg_jax/_src/match/config_facts.py",
+    "    if not allowed or pair in allowed or 1 in pair:",
+    "    if not allowed or pair in allowed:",
+    ("tests/test_match_projects.py", "-k", "gemma_library"),
+  ),
 )
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import re
 import types
 
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 from abstract import sds as _sds
+from safetensors.numpy import load_file
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
@@ -21,6 +23,7 @@ from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
 
 rng = np.random.default_rng(0)
+HF = pathlib.Path(__file__).parent / "data" / "hf"
 
 
 def _rand(*shape):
@@ -933,3 +936,77 @@ def test_a_square_linear_inside_an_embedder_is_oriented_like_any_linear():
   got = prj.restore(target, src, recipes=prj.match(target, src))
   np.testing.assert_array_equal(np.asarray(got["emb"]["time_embedder"]["linear_2"]["kernel"]), w2.T)
   np.testing.assert_array_equal(np.asarray(got["emb"]["embed_tokens"]["embedding"]), table)
+
+
+# --- heads: a split the config contradicts is a model built otherwise ------------------------
+
+
+def _llama_split(heads, kv_heads):
+  """The tiny Llama (4 heads of 8, 2 kv heads) with q, k, v, o kept ``[hidden, heads,
+  head_dim]`` (o ``[heads, head_dim, hidden]``), split into ``heads`` and ``kv_heads``."""
+  c = load_file(str(HF / "llama" / "model.safetensors"))
+  t = {
+    "embed": {"embedding": c["model.embed_tokens.weight"]},
+    "norm": {"scale": c["model.norm.weight"]},
+  }
+  t["lm_head"] = {"kernel": c["lm_head.weight"].T}
+  for i in range(2):
+    q = f"model.layers.{i}."
+    w = {r: c[q + f"self_attn.{r}_proj.weight"] for r in "qkvo"}
+    t[f"layers_{i}"] = {
+      "attn_norm": {"scale": c[q + "input_layernorm.weight"]},
+      "mlp_norm": {"scale": c[q + "post_attention_layernorm.weight"]},
+      "attn": {
+        "q": {"kernel": w["q"].T.reshape(32, heads, -1)},
+        "k": {"kernel": w["k"].T.reshape(32, kv_heads, -1)},
+        "v": {"kernel": w["v"].T.reshape(32, kv_heads, -1)},
+        "o": {"kernel": w["o"].T.reshape(heads, -1, 32)},
+      },
+      "mlp": {r: {"kernel": c[q + f"mlp.{r}_proj.weight"].T} for r in ("gate", "up", "down")},
+    }
+  return t
+
+
+def _abstract(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def test_heads_split_otherwise_than_the_config_says_is_refused_with_the_counts():
+  """A target built with 8 heads of 4 over a checkpoint of 4 heads of 8: every reshape fits
+  and every value lands, and the attention computes something else. The config says the
+  heads: refused, each projection once for every layer, with the counts to build it with."""
+  src = prj.open_source(str(HF / "llama"))
+  right = _llama_split(4, 2)
+  m = prj.match(_abstract(right), src)
+  got = prj.restore(_abstract(right), src, recipes=m)
+  np.testing.assert_array_equal(
+    np.asarray(got["layers_1"]["attn"]["o"]["kernel"]), right["layers_1"]["attn"]["o"]["kernel"]
+  )
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(_abstract(_llama_split(8, 4)), src)
+  assert [p.split(":", 1)[0] for p in e.value.problems] == [
+    f"layers_{{i}}/attn/{r}/kernel, in 2 layers (0, 1), each alike" for r in "koqv"
+  ]
+  assert (
+    "layers_{i}/attn/q/kernel, in 2 layers (0, 1), each alike: splits its 32 values per row "
+    "into 8 heads of 4; the config says 4 heads of 8 (kv heads 2): the target model's head "
+    "count is not the checkpoint's; build it with 4 heads of 8, 2 kv heads (or, if this split "
+    "is right, choose its line below)"
+  ) in e.value.problems
+  assert e.value.partial.proposals  # the rest was matched
+
+
+def test_a_heads_split_without_a_config_or_by_a_hint_is_the_users():
+  """Without a config nothing says the heads: the split the target keeps is taken. A hint
+  naming the tensor is the user's word, as the refusal says."""
+  wrong = _llama_split(8, 4)
+  m = prj.match(_abstract(wrong), MemorySource(load_file(str(HF / "llama" / "model.safetensors"))))
+  assert "layers_0/attn/q/kernel" in {t for t, _, _ in m.rows()}
+  hints = {
+    f"layers_{{i}}/attn/{r}/kernel": f"model.layers.{{i}}.self_attn.{r}_proj.weight" for r in "qkvo"
+  }
+  src = prj.open_source(str(HF / "llama"))
+  got = prj.restore(_abstract(wrong), src, recipes=prj.match(_abstract(wrong), src, hints=hints))
+  np.testing.assert_array_equal(
+    np.asarray(got["layers_0"]["attn"]["q"]["kernel"]), wrong["layers_0"]["attn"]["q"]["kernel"]
+  )

@@ -163,6 +163,43 @@ def layout_by_name(key: str) -> str | None:
   return None
 
 
+def heads_split(stored: tuple[int, ...], split: tuple[int, ...], facts: Facts) -> str | None:
+  """Why a stored attention tensor reshaped from ``stored`` into ``split`` (one of its axes
+  into two: ``[out, in]`` -> ``[in, heads, head_dim]``, a bias ``[out]`` -> ``[heads,
+  head_dim]``) contradicts the config's heads, or None. A split of ``heads * head_dim`` (or
+  ``kv_heads * head_dim``) values into any other pair is a model built with another head
+  count: its values land, and its attention computes something else.
+
+  Examples:
+    >>> f = Facts(heads=4, kv_heads=2, head_dim=8)
+    >>> heads_split((32, 32), (32, 4, 8), f) is None, heads_split((16,), (2, 8), f) is None
+    (True, True)
+    >>> heads_split((32, 8), (32, 1, 8), Facts(heads=4, kv_heads=1, head_dim=8)) is None
+    True
+    >>> heads_split((32, 32), (32, 8, 4), f)
+    'splits its 32 values per row into 8 heads of 4; the config says 4 heads of 8 (kv heads 2)'
+  """
+  h, kv, d = facts.heads, facts.kv_heads or facts.heads, facts.head_dim
+  if not (h and d) or len(split) != len(stored) + 1:
+    return None
+  wrong = None
+  for at, size in enumerate(stored):  # the axis split in two, the others kept in order
+    pair = split[at : at + 2]
+    if split[:at] + split[at + 2 :] != stored[:at] + stored[at + 1 :] or pair[0] * pair[1] != size:
+      continue
+    allowed = {(n, d) for n in (h, kv) if n and n * d == size}
+    if not allowed or pair in allowed or 1 in pair:  # a size-1 axis: a place, not heads
+      return None  # ([32, 8] -> [1, 32, 8]: Gemma's kv_einsum of one kv head of 8)
+    wrong = wrong or (size, pair)
+  if wrong is None:
+    return None
+  (size, (n, w)), per = wrong, " per row" if len(stored) > 1 else ""
+  kvs = f" (kv heads {kv})" if kv != h else ""
+  return (
+    f"splits its {size} values{per} into {n} heads of {w}; the config says {h} heads of {d}{kvs}"
+  )
+
+
 def part_rows(
   layout: str, parts: tuple[str, ...], widths: list[int], facts: Facts
 ) -> dict[str, list[int]] | str:

@@ -145,6 +145,7 @@ def _propose(
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _oriented(slots, source, ck, recipe_hints, name_hints)
+  problems += _heads_against_config(proposals, source, ck, frozenset(given))
   aligned = tuple(sorted(ck.towers.items()))
   changed = (
     _hint_effects(slots, source, ck, proposals, problems, given) if given or ck.layouts else ()
@@ -190,6 +191,55 @@ def _check_hints(hints: Any) -> None:
       f"match: hints must be a mapping {{target name: recipe or checkpoint name}}, got "
       f"{type(hints).__name__} {hints!r:.60}"
     )
+
+
+# the words of an attention's tensors: a split of theirs into heads is the config's to say
+_ATTENTION = frozenset({"q", "k", "v", "o", "qkv", "attn", "xattn"})
+
+
+def _heads_against_config(
+  proposals: dict[str, Proposal],
+  source: source_lib.CheckpointSource,
+  ck: evidence.Checkpoint,
+  hinted: frozenset[str],
+) -> list[str]:
+  """The problems of the proposals that split an attention tensor into heads other than
+  the config's (a target built with 8 heads of 4 over a checkpoint of 4 heads of 8: every
+  value lands, and the attention computes something else); those proposals are dropped.
+  A leaf the user hinted is theirs."""
+  facts = ck.facts
+  if not (facts.heads and facts.head_dim):
+    return []
+  out = []
+  for name, p in list(proposals.items()):
+    if p.recipe is None or name in hinted:
+      continue
+    for node in _reshapes(p.recipe):
+      keys = inference.source_keys(node.input)
+      if not any(ck.concepts[k].tokens & _ATTENTION for k in keys if k in ck.concepts):
+        continue
+      stored = tuple(inference.infer(node.input, source).shape)
+      if why := config_facts.heads_split(stored, tuple(node.shape), facts):
+        del proposals[name]
+        kv = f", {facts.kv_heads} kv heads" if facts.kv_heads not in (None, facts.heads) else ""
+        out.append(
+          f"{name}: {why}: the target model's head count is not the checkpoint's; build it "
+          f"with {facts.heads} heads of {facts.head_dim}{kv} (or, if this split is right, "
+          "choose its line below)"
+        )
+        break
+  return out
+
+
+def _reshapes(recipe: ops.Recipe) -> list[ops.Reshape]:
+  """Every reshape in ``recipe``, outermost first."""
+  found, todo = [], [recipe]
+  while todo:
+    node = todo.pop(0)
+    if isinstance(node, ops.Reshape):
+      found.append(node)
+    todo.extend(node.children())
+  return found
 
 
 def _read_stored(ordered: list[Proposal], view: Any, problems: list[str]) -> list[Proposal]:
