@@ -245,7 +245,10 @@ def _joined(
     return ops.concatenate(parts, axis=axis)
 
   score = sum(scores) / len(scores)
-  return [Candidate(score, tuple(chosen), f"joined {'+'.join(JOINED_PARTS[fused])}", build)]
+  # the parts one after the other, in the name's order, as ``jnp.split(x, 3, -1)`` reads them:
+  # said, since a model that splits its fused output per head reads other rows
+  reason = f"joined {'+'.join(JOINED_PARTS[fused])}, one after the other"
+  return [Candidate(score, tuple(chosen), reason, build)]
 
 
 def _stacked_parts(
