@@ -846,6 +846,20 @@ MUTATIONS = (
     "    if not allowed or pair in allowed:",
     ("tests/test_match_projects.py", "-k", "gemma_library"),
   ),
+  Mutation(
+    "a square relative-position table is read as stored",
+    "paramreg_jax/_src/match/candidates.py",
+    "  return square and relative and not linear and not embed\n",
+    "  return False\n",
+    ("tests/test_match_t5.py", "-k", "square"),
+  ),
+  Mutation(
+    "a square table in an Embed module is asked too",
+    "paramreg_jax/_src/match/candidates.py",
+    "  return square and relative and not linear and not embed\n",
+    "  return square and relative and not linear\n",
+    ("tests/test_match_t5.py", "-k", "square"),
+  ),
 )
 
 

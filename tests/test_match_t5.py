@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_match_refusals import literal_entries
+from test_match_refusals import uncommented
 
 import paramreg_jax as prj
 from paramreg_jax import SafetensorsSource
@@ -280,3 +282,65 @@ def test_a_t5x_tree_maps_with_no_hints_and_runs_as_pytorch(name):
     forward(c, t5x_canonical(c, restored), ref["input_ids"], ref["decoder_input_ids"])
   )
   np.testing.assert_allclose(got, ref["output"], atol=1e-5, rtol=1e-5, err_msg=str(m))
+
+
+def _square_table_checkpoint():
+  """T5-XL's relative-position table is 32 buckets by 32 heads: square. Two encoder layers,
+  a table of 8 buckets by 8 heads."""
+  rng = np.random.default_rng(0)
+  at = "encoder.block.{}.layer.{}."
+  ck = {
+    at.format(0, 0) + "SelfAttention.relative_attention_bias.weight": rng.standard_normal((8, 8)),
+    **{
+      at.format(i, 0) + f"SelfAttention.{r}.weight": rng.standard_normal((16, 16))
+      for i in range(2)
+      for r in "qk"
+    },
+    **{
+      at.format(i, 1) + "DenseReluDense.wi.weight": rng.standard_normal((32, 16)) for i in range(2)
+    },
+  }
+  return {k: v.astype(np.float32) for k, v in ck.items()}
+
+
+def _square_table_target(table):
+  sds = lambda *s: jax.ShapeDtypeStruct(s, np.float32)  # noqa: E731
+  layers = {
+    f"layers_{i}": {
+      "attention": {"query": {"kernel": sds(16, 16)}, "key": {"kernel": sds(16, 16)}},
+      "mlp": {"wi": {"kernel": sds(16, 32)}},
+    }
+    for i in range(2)
+  }
+  return {"encoder": {"relpos_bias": {table: sds(8, 8)}, **layers}}
+
+
+def test_a_square_relative_position_table_is_asked_either_way_round():
+  """transformers keeps the table ``[buckets, heads]``, t5x ``[heads, buckets]``; with as
+  many buckets as heads (T5-XL: 32 and 32) the shape says nothing, and it was read as
+  stored: t5x's table silently transposed. Asked, both ways on the lines; the transposed
+  line restores the table t5x holds."""
+  ck = _square_table_checkpoint()
+  cfg = {"model_type": "t5", "num_heads": 8, "relative_attention_num_buckets": 8, "d_model": 16}
+  target = _square_table_target("rel_embedding")
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, prj.MemorySource(ck), config=cfg)
+  name = "encoder/relpos_bias/rel_embedding"
+  assert [p.split(":")[0] for p in e.value.problems] == [name]
+  lines = literal_entries(e.value)[name]
+  chosen = [x for x in lines if "R.transpose(" in x]
+  assert len(lines) == 2 and len(chosen) == 1, lines
+  m = prj.match(target, prj.MemorySource(ck), config=cfg, hints=uncommented(chosen[0]))
+  got = prj.restore(target, prj.MemorySource(ck), recipes=m)
+  table = ck["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+  np.testing.assert_array_equal(np.asarray(got["encoder"]["relpos_bias"]["rel_embedding"]), table.T)
+
+
+def test_a_square_table_in_an_embed_module_is_kept_as_stored():
+  """A flax ``nn.Embed``'s ``embedding`` is ``[num, features]``, as torch's: not asked."""
+  ck = _square_table_checkpoint()
+  target = _square_table_target("embedding")
+  m = prj.match(target, prj.MemorySource(ck))
+  got = prj.restore(target, prj.MemorySource(ck), recipes=m)
+  table = ck["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+  np.testing.assert_array_equal(np.asarray(got["encoder"]["relpos_bias"]["embedding"]), table)

@@ -342,6 +342,9 @@ def _single(
       continue  # an embedding read transposed is a tied head: the config says there is none
     if _oriented(how, relation, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
+  if _square_relative_table(tc, sc, sshape, shape, linear):
+    why = "name + transpose (kept [heads, buckets], as t5x keeps it)"
+    out.append(Candidate(score, (key,), why, lambda: ops.transpose(ops.source(key), (1, 0))))
   if not out and linear and len(shape) == 3:
     out.extend(_heads_permuted(tc, shape, key, ck, score))
   if not out and (pointwise := _pointwise(tc, sshape, shape)) is not None:
@@ -362,6 +365,21 @@ def _single(
     if rank == 1 or convention in ("t", "same") or axis == FUSED_AXIS_BY_WIDTHS:
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
   return out
+
+
+def _square_relative_table(
+  tc: Concepts, sc: Concepts, stored: tuple[int, ...], shape: tuple[int, ...], linear: bool
+) -> bool:
+  """Whether a square relative-position table may be kept either way round: transformers'
+  T5 stores ``[buckets, heads]``, t5x ``[heads, buckets]``, and T5-XL has 32 of each, so
+  its shape says nothing (read as stored, it was silently transposed). A flax or haiku
+  ``Embed``'s ``embedding`` is ``[num, features]`` as torch's is: not asked."""
+  square = len(stored) == 2 and stored[0] == stored[1] and tuple(shape) == tuple(stored)
+  relative = any(
+    "relpos" in c.tokens or ({"rel", "relative"} & c.tokens and "pos" in c.tokens) for c in (tc, sc)
+  )
+  embed = tc.name.rpartition("/")[2] in ("embedding", "embeddings")
+  return square and relative and not linear and not embed
 
 
 def _pointwise(tc: Concepts, stored: tuple[int, ...], shape: tuple[int, ...]) -> Any:
