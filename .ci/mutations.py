@@ -860,6 +860,13 @@ MUTATIONS = (
     "  return square and relative and not linear\n",
     ("tests/test_match_t5.py", "-k", "square"),
   ),
+  Mutation(
+    "a hints entry asked for every expert says layers",
+    "paramreg_jax/_src/match/refusal.py",
+    'what = "experts" if _EXPERTS.search(key) else "layers"',
+    'what = "layers"',
+    ("tests/test_match_refusals.py", "-k", "for_the_experts"),
+  ),
 )
 
 

@@ -798,3 +798,4 @@ def test_a_question_alike_for_every_expert_is_asked_once_for_the_experts():
     prj.match(target, MemorySource(ck))
   said = [p for p in info.value.problems if "Expert_{i}/Dense_0" in p]
   assert len(said) == 1 and ", in 4 experts (0, 1, 2, 3), each alike:" in said[0], said
+  assert "Expert_{i}/Dense_0/kernel (4, 6), in 4 experts: ambiguous" in info.value.hints_code

@@ -423,7 +423,8 @@ def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
       shape = tuple(by_name[fits[0]].shape) if fits else ""
       first = str(p).split("\n", 1)[0]
       kind = next((w for w in ("ambiguous", "unmatched") if w in first), "refused")
-      where = f", in {layers} layers" if "{i}" in key else ""
+      what = "experts" if _EXPERTS.search(key) else "layers"  # as the problem says it
+      where = f", in {layers} {what}" if "{i}" in key else ""
       if not choices:
         lines += text_width.prose(f"{key} {shape}{where}: no tensor fits; give a recipe:", *_NOTE)
         lines.append(f"  # {json.dumps(key)}: R.source('<checkpoint name>'),")
