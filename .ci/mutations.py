@@ -867,6 +867,27 @@ MUTATIONS = (
     'what = "layers"',
     ("tests/test_match_refusals.py", "-k", "for_the_experts"),
   ),
+  Mutation(
+    "a per-expert bias is read as a weight",
+    "paramreg_jax/_src/match/candidates.py",
+    'per_expert = "experts" in sc.tokens and len(sshape) == (2 if sc.kind == "b" else 3)',
+    'per_expert = "experts" in sc.tokens and len(sshape) == 3',
+    ("tests/test_match_hints.py", "-k", "gpt_oss"),
+  ),
+  Mutation(
+    "GPT-OSS's experts are read [gate | up]",
+    "paramreg_jax/_src/match/config_facts.py",
+    '"gpt_oss": "interleaved"}',
+    '"gpt_oss": "contiguous"}',
+    ("tests/test_match_hints.py", "-k", "gpt_oss"),
+  ),
+  Mutation(
+    "a fused gate_up of unknown layout offers [gate | up] alone",
+    "paramreg_jax/_src/match/fused.py",
+    '    layouts = ("contiguous", "interleaved")',
+    '    layouts = ("contiguous",)',
+    ("tests/test_match_hints.py", "-k", "gpt_oss"),
+  ),
 )
 
 

@@ -17,6 +17,8 @@ import jax
 import numpy as np
 import pytest
 from abstract import sds
+from test_match_refusals import literal_entries
+from test_match_refusals import uncommented
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
@@ -579,7 +581,8 @@ def test_a_wrong_layout_hint_says_which_and_the_fix(hints, message):
   assert info.value.partial is None  # refused before anything was decided
 
 
-def test_a_gate_up_layout_is_contiguous_or_refused():
+def test_a_gate_up_layout_is_contiguous_interleaved_or_refused():
+  """``[gate | up]``, or gate and up alternating (GPT-OSS's ``gate_up[..., ::2]``, ``[..., 1::2]``)."""
   ck = {"h.0.mlp.gate_up_proj.weight": rand(12, 4), "h.0.mlp.down_proj.weight": rand(4, 6)}
   target = {
     "h_0": {
@@ -593,6 +596,10 @@ def test_a_gate_up_layout_is_contiguous_or_refused():
   m = prj.match(target, MemorySource(ck), hints={"h.{i}.mlp.gate_up_proj": "contiguous"})
   got = prj.restore(target, MemorySource(ck), recipes=m)["h_0"]["mlp"]
   np.testing.assert_array_equal(got["up"]["kernel"], ck["h.0.mlp.gate_up_proj.weight"][6:].T)
+  m = prj.match(target, MemorySource(ck), hints={"h.{i}.mlp.gate_up_proj": "interleaved"})
+  got = prj.restore(target, MemorySource(ck), recipes=m)["h_0"]["mlp"]
+  np.testing.assert_array_equal(got["gate"]["kernel"], ck["h.0.mlp.gate_up_proj.weight"][::2].T)
+  np.testing.assert_array_equal(got["up"]["kernel"], ck["h.0.mlp.gate_up_proj.weight"][1::2].T)
 
 
 def test_a_layout_that_does_not_tile_the_parts_is_asked_again():
@@ -618,3 +625,39 @@ def test_a_per_head_layout_hint_over_grouped_heads_is_refused_not_read_out_of_ra
   got = prj.restore(target, MemorySource(ck), recipes=m)["l_0"]["attn"]
   w = ck["l.0.attn.qkv.weight"]  # per kv group: [q q k v] of 8 rows each, twice
   np.testing.assert_array_equal(got["k"]["kernel"], np.concatenate([w[16:24], w[48:56]]).T)
+
+
+def _gpt_oss_biases():
+  """GPT-OSS's experts keep gate and up alternating in one fused tensor (its code reads
+  ``gate_up[..., ::2]`` and ``gate_up[..., 1::2]``), ``[E, 2I]`` for the bias."""
+  r = np.random.default_rng(3)
+  ck = {
+    "model.layers.0.mlp.experts.gate_up_proj_bias": r.standard_normal((4, 12)).astype(np.float32),
+    "model.layers.0.mlp.experts.down_proj_bias": r.standard_normal((4, 8)).astype(np.float32),
+  }
+  experts = {
+    n: {"bias": sds(4, w)} for n, w in (("gate_proj", 6), ("up_proj", 6), ("down_proj", 8))
+  }
+  return ck, {"layers_0": {"mlp": {"experts": experts}}}
+
+
+def test_gpt_oss_experts_alternate_gate_and_up():
+  """The config's model type says the layout: gate the even rows, up the odd ones. Without
+  it both layouts are lines (only ``[gate | up]`` was, and its line failed to plan: the
+  per-expert bias was read as a weight, split along its experts)."""
+  ck, target = _gpt_oss_biases()
+  fused = ck["model.layers.0.mlp.experts.gate_up_proj_bias"]
+  m = prj.match(target, MemorySource(ck), config={"model_type": "gpt_oss", "hidden_size": 8})
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]["mlp"]["experts"]
+  np.testing.assert_array_equal(got["gate_proj"]["bias"], fused[:, ::2])
+  np.testing.assert_array_equal(got["up_proj"]["bias"], fused[:, 1::2])
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, MemorySource(ck))
+  (lines,) = literal_entries(e.value).values()
+  assert [uncommented(x) for x in lines] == [
+    {"model.layers.0.mlp.experts.gate_up_proj": "contiguous"},
+    {"model.layers.0.mlp.experts.gate_up_proj": "interleaved"},
+  ]
+  m = prj.match(target, MemorySource(ck), hints=uncommented(lines[1]))
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]["mlp"]["experts"]
+  np.testing.assert_array_equal(got["up_proj"]["bias"], fused[:, 1::2])

@@ -352,7 +352,9 @@ def _single(
   # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
   fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
-  rank = len(sshape) - ("experts" in sc.tokens and len(sshape) == 3)  # [E, out, in] per expert
+  # per expert: a weight [E, out, in], a bias [E, out] (GPT-OSS's gate_up_proj_bias)
+  per_expert = "experts" in sc.tokens and len(sshape) == (2 if sc.kind == "b" else 3)
+  rank = len(sshape) - per_expert
   # (a leaf as large as the fused tensor is that tensor, kept fused: no part of it)
   whole = math.prod(shape) == math.prod(sshape)
   if len(part) == 1 and fused in sc.tokens and rank in (1, 2) and not whole:

@@ -17,6 +17,7 @@ LAYOUTS = {
   "per_head": "per head, [heads, 3, head_dim] (GPT-NeoX, Bloom, Falcon without multi-query)",
   "grouped": "per kv group, [kv_heads, heads / kv_heads + 2, head_dim] (Falcon's new decoder)",
   "blocked_qvk4": "4 blocks of [q | v | k] (CodeGen)",
+  "interleaved": "gate and up alternating, [g, u, g, u, ...] (GPT-OSS's experts)",
 }
 
 # model_type -> the layout of its fused qkv; Falcon depends on two config flags (below)
@@ -36,7 +37,8 @@ _QKV_LAYOUTS = {
 # post-norm; their MLP has its own pre- or post-norm), unlike Llama's, where it is the MLP's
 # input norm.
 _POST_NORM_TYPES = {"olmo2", "olmo3", "gemma2", "gemma3", "gemma3_text"}
-_GATE_UP_LAYOUTS = {"phi3": "contiguous", "modernbert": "contiguous"}  # [gate | up]
+# [gate | up]; GPT-OSS's experts alternate them (its code reads gate_up[..., ::2], [..., 1::2])
+_GATE_UP_LAYOUTS = {"phi3": "contiguous", "modernbert": "contiguous", "gpt_oss": "interleaved"}
 # Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
 # torch.nn.Linear ([out, in]).
 _CONV1D_TYPES = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"}
@@ -152,14 +154,23 @@ def _layer_types(value: Any) -> tuple[str, ...]:
   return ()
 
 
-def layout_by_name(key: str) -> str | None:
+def layout_by_name(key: str, stored: tuple[int, ...] = (), axis: int | None = None) -> str | None:
   """A fused tensor whose name alone says its layout: GPT-2's ``attn.c_attn``, torch's own
   ``nn.MultiheadAttention`` (``in_proj_weight``: ``[q | k | v]``, always), and transformers
-  5's fused experts ``experts.gate_up_proj`` (``[gate | up]``, always)."""
-  if re.search(
-    r"(^|\.)attn\.c_attn\.|(^|\.)in_proj_(weight|bias)$|(^|\.)experts\.gate_up_proj$", key
-  ):
+  5's fused experts ``experts.gate_up_proj`` ``[E, 2I, D]`` (``[gate | up]``, always; where
+  its parts are split on another ``axis`` of its ``stored`` shape, the name says nothing:
+  GPT-OSS keeps ``[E, D, 2I]`` with gate and up alternating).
+
+  Examples:
+    >>> layout_by_name("model.layers.0.mlp.experts.gate_up_proj", (4, 12, 8), 1)
+    'contiguous'
+    >>> layout_by_name("model.layers.0.mlp.experts.gate_up_proj", (4, 8, 12), 2) is None
+    True
+  """
+  if re.search(r"(^|\.)attn\.c_attn\.|(^|\.)in_proj_(weight|bias)$", key):
     return "contiguous"
+  if re.search(r"(^|\.)experts\.gate_up_proj$", key):
+    return "contiguous" if axis is None or axis == len(stored) - 2 else None
   return None
 
 
@@ -211,6 +222,10 @@ def part_rows(
       out[part] = list(range(start, start + width))
       start += width
     return out
+  if layout == "interleaved":
+    if parts != ("gate", "up") or widths[0] != widths[1]:
+      return "alternating rows hold a gate and an up of one width"
+    return {p: list(range(n, 2 * widths[0], 2)) for n, p in enumerate(parts)}
   h, kv, d = facts.heads, facts.kv_heads, facts.head_dim
   if not (h and kv and d):
     return "the config gives no head counts"

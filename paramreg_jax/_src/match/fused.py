@@ -90,9 +90,8 @@ def split(
   present = tuple(p for n in names for p in parts if p in tokens[n])
   f = _Fused(keys, axis, stored, stacked, tuple(names), present, widths, per_layer, out_first, at)
   facts, by = ck.facts, ""
-  layout = config_facts.layout_by_name(keys[0]) or (
-    ck.facts.qkv_layout if fused == "qkv" else ck.facts.gate_up_layout
-  )
+  said_by_config = ck.facts.qkv_layout if fused == "qkv" else ck.facts.gate_up_layout
+  layout = said_by_config or config_facts.layout_by_name(keys[0], stored, axis)
   if keys[0] in ck.layouts:  # the user's word
     layout, size = ck.layouts[keys[0]]
     size = size if layout in _BY_HEADS else 1  # four blocks are four blocks, whatever the heads
@@ -196,8 +195,8 @@ def _undecided(
   """The problem when the layout is unknown (``known`` is None or why), or is ``known`` but
   gate and up are told apart by nothing: each part in each layout it may be, to choose."""
   layouts = tuple(config_facts.LAYOUTS) if known not in config_facts.LAYOUTS else (str(known),)
-  if f.present == ("gate", "up"):
-    layouts = ("contiguous",)
+  if f.present == ("gate", "up") and known not in config_facts.LAYOUTS:
+    layouts = ("contiguous", "interleaved")
   choices = _layout_choices(f, facts, roles, layouts)
   stored, key = f.stored, f.keys[0]
   if known in config_facts.LAYOUTS:  # gate and up by their order only: either way round
@@ -259,12 +258,14 @@ def _layout_hints(
     for size in sizes:
       known = _with_heads(f, facts, size if layout in _BY_HEADS else 1)
       rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
-      if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
+      if not isinstance(rows, dict) or (layout in _BY_HEADS and len(f.present) != 3):
         continue
       if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
       said = config_facts.LAYOUTS[layout]
-      if "q" not in f.present:  # a gate_up: [gate | up], or whichever of them the target has
+      if (
+        "q" not in f.present and layout == "contiguous"
+      ):  # a gate_up: [gate | up], or whichever of them the target has
         said = "[gate | up] one after the other"
       elif size:
         said += f", {_heads(f.widths[0] // size)} of {size}"
@@ -303,16 +304,18 @@ def _layout_choices(
       ]
   out: dict[str, list[Choice]] = {n: [] for n in f.names}
   for layout in layouts:
-    for known, said_heads in heads if layout != "contiguous" else heads[:1]:
+    for known, said_heads in heads if layout in _BY_HEADS else heads[:1]:
       rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
-      if not isinstance(rows, dict) or (layout != "contiguous" and len(f.present) != 3):
+      if not isinstance(rows, dict) or (layout in _BY_HEADS and len(f.present) != 3):
         continue
       if not _tiles(rows, f.stored[f.axis]):
         continue  # the parts must tile the fused axis in this layout
       said = config_facts.LAYOUTS[layout] + (
         said_heads if layout in ("per_head", "grouped") else ""
       )
-      if "q" not in f.present:  # a gate_up: [gate | up], or whichever of them the target has
+      if (
+        "q" not in f.present and layout == "contiguous"
+      ):  # a gate_up: [gate | up], or whichever of them the target has
         said = "[gate | up] one after the other"
       _offer(f, roles, layout, rows, said, out)
   return {n: tuple(c) for n, c in out.items()}

@@ -27,6 +27,7 @@ import numpy as np
 
 from paramreg_jax._src import errors
 from paramreg_jax._src.match import axes
+from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import candidates
@@ -39,7 +40,10 @@ from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 # a fused tensor's layout: a key of config_facts.LAYOUTS, with the head size where nothing else
 # gives the head count (``"per_head:64"``)
-_LAYOUT = re.compile(r"^(contiguous|per_head|grouped|blocked_qvk4)(?::([1-9]\d{0,5}))?$")
+_LAYOUT = re.compile(rf"^({'|'.join(config_facts.LAYOUTS)})(?::([1-9]\d{{0,5}}))?$")
+
+
+_GATE_UP_LAYOUTS = ("contiguous", "interleaved")  # [gate | up], or GPT-OSS's alternating rows
 
 
 def is_layout(hint: Any) -> bool:
@@ -96,9 +100,17 @@ def layouts(
         "says how one fused tensor holds its parts)"
       )
       continue
-    if layout != "contiguous" and any("gate_up" in ck.concepts[k].tokens for k in named):
+    gate_up = any("gate_up" in ck.concepts[k].tokens for k in named)
+    if gate_up and layout not in _GATE_UP_LAYOUTS:
       bad.append(
-        f"layout hint {key!r}: a fused gate_up is laid out [gate | up] ('contiguous'), not {hint!r}"
+        f"layout hint {key!r}: a fused gate_up is laid out [gate | up] ('contiguous') or "
+        f"alternating ('interleaved'), not {hint!r}"
+      )
+      continue
+    if not gate_up and layout == "interleaved":
+      bad.append(
+        f"layout hint {key!r}: 'interleaved' alternates a gate and an up; a fused qkv is "
+        "'contiguous', 'per_head', 'grouped' or 'blocked_qvk4'"
       )
       continue
     out.update({k: (layout, size) for k in named})

@@ -58,7 +58,7 @@ def match(
       (``"layers_{i}/norm/scale"``) serves every per-layer module. A fused checkpoint tensor's
       layout is a hint keyed by that tensor or its module, ``{"blocks.{i}.attn.qkv":
       "contiguous"}`` (or ``"per_head"``, ``"per_head:64"`` with its head size,
-      ``"grouped"``, ``"blocked_qvk4"``). The checkpoint layers of a stack that holds some of
+      ``"grouped"``, ``"blocked_qvk4"``; a gate_up's ``"interleaved"``). The checkpoint layers of a stack that holds some of
       them (MaxText's ``dense_layers`` beside ``moe_layers``) are a hint keyed by the stack,
       ``{"decoder/moe_layers": range(1, 61)}`` (or the layer numbers, ``(1, 3, 5)``), where
       the layers' tensors do not say it. A hint settles the leaf it names and only that: the
