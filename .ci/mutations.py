@@ -888,6 +888,20 @@ MUTATIONS = (
     '    layouts = ("contiguous",)',
     ("tests/test_match_hints.py", "-k", "gpt_oss"),
   ),
+  Mutation(
+    "a transposed convolution's kernel is read as a convolution's",
+    "paramreg_jax/_src/match/candidates.py",
+    '    if transposed_conv and how.startswith("conv"):',
+    "    if False:",
+    ("tests/test_match_unseen.py", "-k", "transposed_convolution"),
+  ),
+  Mutation(
+    "a transposed convolution's kernel is not flipped",
+    "paramreg_jax/_src/match/candidates.py",
+    "        r = ops.select(r, Indices(axis, tuple(range(size - 1, -1, -1))))",
+    "        pass",
+    ("tests/test_match_unseen.py", "-k", "transposed_convolution"),
+  ),
 )
 
 

@@ -456,7 +456,45 @@ def _randomize(model: torch.nn.Module) -> None:
           t.abs_().add_(0.5)
 
 
+class _Upsampler(torch.nn.Module):
+  """Two transposed convolutions, as DPT's reassemble stage (``resize``, in and out alike)
+  and SAM's mask decoder (``output_upscaling``, fewer out) have them."""
+
+  def __init__(self) -> None:
+    super().__init__()
+    self.resize = torch.nn.ConvTranspose2d(4, 4, kernel_size=2, stride=2)
+    self.upscale = torch.nn.ConvTranspose2d(4, 3, kernel_size=3, stride=2, padding=1)
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.upscale(self.resize(x))
+
+
+def conv_transpose() -> None:
+  """``conv_transpose/``: the upsampler's weights and a forward pass (``reference.npz``:
+  ``x``, ``y`` NCHW) to compare a flax ``nn.ConvTranspose`` port with."""
+  from safetensors.torch import save_file
+
+  torch.manual_seed(0)
+  model = _Upsampler().eval()
+  _randomize(model)
+  out = OUT / "conv_transpose"
+  out.mkdir(parents=True, exist_ok=True)
+  save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
+  x = torch.randn(1, 4, 3, 3)
+  with torch.no_grad():
+    y = model(x)
+  import numpy as np
+
+  np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
+  print("conv_transpose ->", out)
+
+
 def main(names: list[str]) -> None:
+  if "conv_transpose" in names or not names:
+    conv_transpose()
+    names = [n for n in names if n != "conv_transpose"] if names else []
+    if not names and sys.argv[1:]:
+      return
   for name in names or list(CASES):
     torch.manual_seed(0)
     model = CASES[name]().eval()

@@ -28,8 +28,10 @@ import pathlib
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 from safetensors.numpy import load_file
 from test_match_projects import gemma_layer
 from test_match_refusals import expand_template
@@ -3373,3 +3375,42 @@ def test_a_refusal_over_haikus_unnumbered_layer_names_the_targets_own_leaves():
     "decoder_layer_1~1~0~1mlp~1~0~1linear_1/w": "model.layers.1.mlp.up_proj.weight",
   }
   _assert_restores(expect, target, src, prj.match(target, src, hints=own))
+
+
+class _Upsampler(nn.Module):
+  """The fixture's upsampler as flax writes it: ``ConvTranspose_0`` (4 -> 4, DPT's
+  ``resize``), ``ConvTranspose_1`` (4 -> 3, padding 1 as torch's)."""
+
+  transpose_kernel: bool
+
+  @nn.compact
+  def __call__(self, x):
+    up = functools.partial(nn.ConvTranspose, transpose_kernel=self.transpose_kernel)
+    x = up(4, (2, 2), strides=(2, 2), padding="VALID")(x)
+    return up(3, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))(x)
+
+
+@pytest.mark.parametrize("transpose_kernel", [False, True])
+def test_a_transposed_convolution_is_flipped_as_flax_applies_it(transpose_kernel):
+  """torch keeps a ``ConvTranspose2d`` kernel ``[in, out, h, w]``; flax's ``ConvTranspose``
+  keeps ``[h, w, in, out]`` unflipped (its default) or ``[h, w, out, in]`` flipped by
+  itself (``transpose_kernel=True``). Read as a convolution's ``[out, in, h, w]``, a kernel
+  with as many in as out channels was taken without the flip, and the swap: its output
+  wrong, no error. Where the channels differ, the shape says which; where they are alike,
+  asked with both on the lines. The forward pass equals torch's."""
+  path = DATA / "conv_transpose"
+  ref = np.load(path / "reference.npz")
+  model = _Upsampler(transpose_kernel)
+  x = jnp.asarray(ref["x"].transpose(0, 2, 3, 1))
+  target = jax.eval_shape(model.init, jax.random.key(0), x)
+  src = prj.open_source(str(path))
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, src)
+  entries = literal_entries(e.value)
+  assert sorted(entries) == ["params/ConvTranspose_0/kernel"], e.value
+  flag = f"transpose_kernel={transpose_kernel}"
+  (line,) = [x for x in entries["params/ConvTranspose_0/kernel"] if flag in x]
+  m = prj.match(target, src, hints=uncommented(line))
+  params = prj.restore(target, src, recipes=m)
+  y = model.apply(params, x)
+  np.testing.assert_allclose(np.asarray(y).transpose(0, 3, 1, 2), ref["y"], rtol=1e-5, atol=1e-5)

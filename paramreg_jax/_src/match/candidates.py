@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +25,7 @@ from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.stacks import nested_stack
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources.selection import Indices
 from paramreg_jax._src.sources.selection import Range
 
 
@@ -337,11 +339,16 @@ def _single(
   score = tc.similarity(sc)
   linear = is_linear(sc, sshape[1:] if len(sshape) == 3 and "experts" in sc.tokens else sshape)
   untied = ck.facts.tied is False and "embed" in sc.tokens and "embed" not in tc.tokens
+  transposed_conv = len(sshape) >= 3 and _TRANSPOSED_CONV.search(tc.name) is not None
   for how, build in _layouts(sshape, shape, linear):
     if how == "table-t" and untied:
       continue  # an embedding read transposed is a tied head: the config says there is none
+    if transposed_conv and how.startswith("conv"):
+      continue  # its kernel is [in, out, ...], not [out, in, ...]: below
     if _oriented(how, relation, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
+  if transposed_conv:
+    out.extend(_conv_transpose(sshape, shape, key, score))
   if _square_relative_table(tc, sc, sshape, shape, linear):
     why = "name + transpose (kept [heads, buckets], as t5x keeps it)"
     out.append(Candidate(score, (key,), why, lambda: ops.transpose(ops.source(key), (1, 0))))
@@ -366,6 +373,38 @@ def _single(
       axis = FUSED_AXIS_BY_WIDTHS  # the axis the parts' widths tile, found when they are known
     if rank == 1 or convention in ("t", "same") or axis == FUSED_AXIS_BY_WIDTHS:
       out.append(Candidate(score, (key,), f"part of fused {fused}", None, fused=(key, axis)))
+  return out
+
+
+# a transposed convolution's module: flax's ConvTranspose_0, haiku's conv2_d_transpose, deconv1
+_TRANSPOSED_CONV = re.compile(r"(?i)conv\w*?transpose|transposed?_?conv|deconv")
+
+
+def _conv_transpose(
+  stored: tuple[int, ...], shape: tuple[int, ...], key: str, score: float
+) -> list[Candidate]:
+  """A transposed convolution's kernel: torch stores ``ConvTranspose2d``'s ``[in, out, h,
+  w]``; flax's ``ConvTranspose`` keeps ``[h, w, in, out]`` and, by default
+  (``transpose_kernel=False``), applies it unflipped, so torch's is flipped in ``h`` and
+  ``w``; with ``transpose_kernel=True`` it keeps ``[h, w, out, in]`` and flips it itself.
+  Where in and out are as many, both fit, and the module's flag, which no parameter holds,
+  says which: asked."""
+  spatial = tuple(range(2, len(stored)))
+  out = []
+  if tuple(shape) == (*stored[2:], stored[0], stored[1]):
+
+    def flipped() -> ops.Recipe:
+      r: ops.Recipe = ops.transpose(ops.source(key), (*spatial, 0, 1))
+      for axis, size in enumerate(stored[2:]):
+        r = ops.select(r, Indices(axis, tuple(range(size - 1, -1, -1))))
+      return r
+
+    why = "name + ConvTranspose kernel [in, out, h, w] -> [h, w, in, out], flipped in h and w"
+    out.append(Candidate(score, (key,), why + " (flax's transpose_kernel=False)", flipped))
+  if tuple(shape) == (*stored[2:], stored[1], stored[0]):
+    why = "name + ConvTranspose kernel [in, out, h, w] -> [h, w, out, in]"
+    build = lambda: ops.transpose(ops.source(key), (*spatial, 1, 0))  # noqa: E731
+    out.append(Candidate(score, (key,), why + " (flax's transpose_kernel=True)", build))
   return out
 
 
