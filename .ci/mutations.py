@@ -902,6 +902,13 @@ MUTATIONS = (
     "        pass",
     ("tests/test_match_unseen.py", "-k", "transposed_convolution"),
   ),
+  Mutation(
+    "an nnx.ConvTranspose's own flag is not read",
+    "paramreg_jax/_src/match/candidates.py",
+    "  flag = ck.transposed_convs.get(tc.name)  # an nnx.ConvTranspose's transpose_kernel",
+    "  flag = None",
+    ("tests/test_match_unseen.py", "-k", "nnx_transposed_convolution"),
+  ),
 )
 
 

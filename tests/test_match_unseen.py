@@ -3414,3 +3414,28 @@ def test_a_transposed_convolution_is_flipped_as_flax_applies_it(transpose_kernel
   params = prj.restore(target, src, recipes=m)
   y = model.apply(params, x)
   np.testing.assert_allclose(np.asarray(y).transpose(0, 3, 1, 2), ref["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transpose_kernel", [False, True])
+def test_an_nnx_transposed_convolution_says_how_it_applies_its_kernel(transpose_kernel):
+  """An NNX module holds its flag: ``match`` reads each ``nnx.ConvTranspose``'s own, so the
+  upsampler maps with no hint, its attributes named for nothing (``resize``, ``upscale``),
+  and its forward pass equals torch's."""
+  from flax import nnx
+
+  class Upsampler(nnx.Module):
+    def __init__(self, rngs):
+      up = functools.partial(nnx.ConvTranspose, transpose_kernel=transpose_kernel, rngs=rngs)
+      self.resize = up(4, 4, (2, 2), strides=(2, 2), padding="VALID")
+      self.upscale = up(4, 3, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+
+    def __call__(self, x):
+      return self.upscale(self.resize(x))
+
+  path = DATA / "conv_transpose"
+  ref = np.load(path / "reference.npz")
+  model = Upsampler(nnx.Rngs(0))
+  src = prj.open_source(str(path))
+  nnx.update(model, prj.restore(model, src, recipes=prj.match(model, src)))
+  y = model(jnp.asarray(ref["x"].transpose(0, 2, 3, 1)))
+  np.testing.assert_allclose(np.asarray(y).transpose(0, 3, 1, 2), ref["y"], rtol=1e-5, atol=1e-5)

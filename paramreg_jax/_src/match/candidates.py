@@ -339,7 +339,10 @@ def _single(
   score = tc.similarity(sc)
   linear = is_linear(sc, sshape[1:] if len(sshape) == 3 and "experts" in sc.tokens else sshape)
   untied = ck.facts.tied is False and "embed" in sc.tokens and "embed" not in tc.tokens
-  transposed_conv = len(sshape) >= 3 and _TRANSPOSED_CONV.search(tc.name) is not None
+  flag = ck.transposed_convs.get(tc.name)  # an nnx.ConvTranspose's transpose_kernel
+  transposed_conv = len(sshape) >= 3 and (
+    flag is not None or _TRANSPOSED_CONV.search(tc.name) is not None
+  )
   for how, build in _layouts(sshape, shape, linear):
     if how == "table-t" and untied:
       continue  # an embedding read transposed is a tied head: the config says there is none
@@ -348,7 +351,7 @@ def _single(
     if _oriented(how, relation, tc, sc, sshape):
       out.append(Candidate(score, (key,), _REASONS[how], lambda b=build: b(ops.source(key))))
   if transposed_conv:
-    out.extend(_conv_transpose(sshape, shape, key, score))
+    out.extend(_conv_transpose(sshape, shape, key, score, flag))
   if _square_relative_table(tc, sc, sshape, shape, linear):
     why = "name + transpose (kept [heads, buckets], as t5x keeps it)"
     out.append(Candidate(score, (key,), why, lambda: ops.transpose(ops.source(key), (1, 0))))
@@ -381,17 +384,17 @@ _TRANSPOSED_CONV = re.compile(r"(?i)conv\w*?transpose|transposed?_?conv|deconv")
 
 
 def _conv_transpose(
-  stored: tuple[int, ...], shape: tuple[int, ...], key: str, score: float
+  stored: tuple[int, ...], shape: tuple[int, ...], key: str, score: float, flag: bool | None
 ) -> list[Candidate]:
   """A transposed convolution's kernel: torch stores ``ConvTranspose2d``'s ``[in, out, h,
   w]``; flax's ``ConvTranspose`` keeps ``[h, w, in, out]`` and, by default
   (``transpose_kernel=False``), applies it unflipped, so torch's is flipped in ``h`` and
   ``w``; with ``transpose_kernel=True`` it keeps ``[h, w, out, in]`` and flips it itself.
   Where in and out are as many, both fit, and the module's flag, which no parameter holds,
-  says which: asked."""
+  says which: an NNX module's ``flag``, or else asked."""
   spatial = tuple(range(2, len(stored)))
   out = []
-  if tuple(shape) == (*stored[2:], stored[0], stored[1]):
+  if tuple(shape) == (*stored[2:], stored[0], stored[1]) and flag is not True:
 
     def flipped() -> ops.Recipe:
       r: ops.Recipe = ops.transpose(ops.source(key), (*spatial, 0, 1))
@@ -401,7 +404,7 @@ def _conv_transpose(
 
     why = "name + ConvTranspose kernel [in, out, h, w] -> [h, w, in, out], flipped in h and w"
     out.append(Candidate(score, (key,), why + " (flax's transpose_kernel=False)", flipped))
-  if tuple(shape) == (*stored[2:], stored[1], stored[0]):
+  if tuple(shape) == (*stored[2:], stored[1], stored[0]) and flag is not False:
     why = "name + ConvTranspose kernel [in, out, h, w] -> [h, w, out, in]"
     build = lambda: ops.transpose(ops.source(key), (*spatial, 1, 0))  # noqa: E731
     out.append(Candidate(score, (key,), why + " (flax's transpose_kernel=True)", build))

@@ -70,6 +70,9 @@ class Checkpoint:
   # ``{target container: checkpoint layer}`` of a stacked pattern's remainder (MaxText's
   # ``layers_remainder/layers_{r}``: the layers after the pattern's blocks)
   layer_at: dict[str, int] = dataclasses.field(default_factory=dict)
+  # ``{target kernel: transpose_kernel}`` of an NNX target's ``nnx.ConvTranspose`` modules:
+  # how each applies its kernel (``candidates._conv_transpose``)
+  transposed_convs: dict[str, bool] = dataclasses.field(default_factory=dict)
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""

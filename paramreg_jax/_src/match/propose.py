@@ -103,8 +103,11 @@ def match(
   every = _slots(target)
   keys = list(source.keys())
   read = unnumbered.reading([s.name for s in every], keys)
+  convs = {read.name(n): flag for n, flag in target_lib.transposed_convs(target).items()}
   try:
-    result = _propose(read.slots(every), source, stored, forms, keys, read.hints(hints), config)
+    result = _propose(
+      read.slots(every), source, stored, forms, keys, read.hints(hints), config, convs
+    )
   except errors.MatchError as e:
     if read:
       raise read.error(e) from e
@@ -129,9 +132,11 @@ def _propose(
   keys: list[str],
   hints: api_types.Hints | None,
   config: Mapping[str, Any] | None,
+  convs: dict[str, bool],
 ) -> Match:
   """The :class:`Match` of the target's slots ``every`` (as :mod:`unnumbered` reads them):
-  ``source`` is what is decided on, ``stored`` what the recipes read."""
+  ``source`` is what is decided on, ``stored`` what the recipes read; ``convs``: how the
+  target's transposed convolutions apply their kernels, where the module says it."""
   slots, quantized_weights = kept.collapse(every)
   names = [s.name for s in slots]
   rest, share_hints = hints_lib.split_shares(dict(hints or {}))
@@ -142,6 +147,7 @@ def _propose(
   weights = [k for k in keys if not vocabulary.bookkeeping(k)]
   ck = _read_checkpoint(slots, source, weights, config, frozenset(given), per_layer, share_hints)
   ck.layouts = hints_lib.layouts(layout_hints, given, ck)
+  ck.transposed_convs = convs
   recipe_hints, name_hints = hints_lib.check(given, slots, source, ck)
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _oriented(slots, source, ck, recipe_hints, name_hints)

@@ -46,6 +46,24 @@ def as_state(target: Any) -> Any:
   return target
 
 
+def transposed_convs(target: Any) -> dict[str, bool]:
+  """``{kernel name: transpose_kernel}`` of every ``nnx.ConvTranspose`` in an NNX module
+  target (its flag says how it applies its kernel; a parameter tree does not hold it), else
+  ``{}``."""
+  nnx = sys.modules.get("flax.nnx")
+  if nnx is None or not isinstance(target, nnx.Module):
+    return {}
+  out = {}
+  for path, node in nnx.iter_graph(target):
+    if isinstance(node, nnx.ConvTranspose):
+      keys = [
+        jax.tree_util.SequenceKey(p) if isinstance(p, int) else jax.tree_util.DictKey(p)
+        for p in (*path, "kernel")
+      ]
+      out[keys_lib.path_to_name(keys)] = bool(node.transpose_kernel)
+  return out
+
+
 def slots(target: Any) -> tuple[list[Any], Any, list[TargetSlot]]:
   """``(leaves, treedef, slots)`` of a target; every name collision is raised at once."""
   flat, treedef = jax.tree_util.tree_flatten_with_path(as_state(target))
