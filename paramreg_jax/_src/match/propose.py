@@ -238,10 +238,10 @@ def _heads_against_config(
 
 
 def _reshapes(recipe: ops.Recipe) -> list[ops.Reshape]:
-  """Every reshape in ``recipe``, outermost first."""
+  """Every reshape in ``recipe`` (a stack over 60 layers holds 60)."""
   found, todo = [], [recipe]
   while todo:
-    node = todo.pop(0)
+    node = todo.pop()
     if isinstance(node, ops.Reshape):
       found.append(node)
     todo.extend(node.children())
