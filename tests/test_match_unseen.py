@@ -226,10 +226,7 @@ def dinov2_bigvision():
   c = ld("dinov2")
   H = 4
   e = {
-    "embedding": {
-      "kernel": conv2(c["embeddings.patch_embeddings.projection.weight"]),
-      "bias": c["embeddings.patch_embeddings.projection.bias"],
-    },
+    "embedding": _conv(c, "embeddings.patch_embeddings.projection"),
     "cls": c["embeddings.cls_token"],
     "mask_token": c["embeddings.mask_token"],
     "Transformer": {
@@ -1476,14 +1473,7 @@ def _vae_tree(c, lists):
   def items(word, values):
     return {word: values} if lists else {f"{word}_{j}": v for j, v in enumerate(values)}
 
-  def norm(p):
-    return {"scale": c[p + ".weight"], "bias": c[p + ".bias"]}
-
-  def conv(p):
-    return {"kernel": conv2(c[p + ".weight"]), "bias": c[p + ".bias"]}
-
-  def dense(p):
-    return {"kernel": T(c[p + ".weight"]), "bias": c[p + ".bias"]}
+  norm, conv, dense = (functools.partial(f, c) for f in (_norm, _conv, _linear))
 
   def resnet(p):
     r = {"norm1": norm(p + ".norm1"), "conv1": conv(p + ".conv1")}
@@ -1686,6 +1676,11 @@ def _linear(c, k, heads=None, out=False):
 
 def _norm(c, k):
   return {"scale": c[k + ".weight"], "bias": c[k + ".bias"]}
+
+
+def _conv(c, k):
+  """A torch conv as flax keeps it: the kernel OIHW -> HWIO, its bias."""
+  return {"kernel": conv2(c[k + ".weight"]), "bias": c[k + ".bias"]}
 
 
 def deit_timm_nnx():
@@ -3212,10 +3207,7 @@ def vit_linen_sequential():
   c = load_file(str(HF / "vit" / "model.safetensors"))
   norm, dense = functools.partial(_norm, c), functools.partial(_linear, c)
   t = {
-    "embedding": {
-      "kernel": conv2(c["embeddings.patch_embeddings.projection.weight"]),
-      "bias": c["embeddings.patch_embeddings.projection.bias"],
-    },
+    "embedding": _conv(c, "embeddings.patch_embeddings.projection"),
     "cls": c["embeddings.cls_token"],
     "pos_embedding": c["embeddings.position_embeddings"],
     "encoder_norm": norm("layernorm"),
