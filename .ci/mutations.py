@@ -814,8 +814,8 @@ MUTATIONS = (
   Mutation(
     "a question asked for every expert is said to be for every layer",
     "paramreg_jax/_src/match/refusal.py",
-    'what = "experts" if _EXPERTS.search(keys[0]) else "layers"',
-    'what = "layers"',
+    '  return "experts" if _EXPERTS.search(template) else "layers"',
+    '  return "layers"',
     ("tests/test_match_refusals.py", "-k", "for_the_experts"),
   ),
   Mutation(
@@ -849,23 +849,16 @@ MUTATIONS = (
   Mutation(
     "a square relative-position table is read as stored",
     "paramreg_jax/_src/match/candidates.py",
-    "  return square and relative and not linear and not embed\n",
+    "  return relative and not embed\n",
     "  return False\n",
     ("tests/test_match_t5.py", "-k", "square"),
   ),
   Mutation(
     "a square table in an Embed module is asked too",
     "paramreg_jax/_src/match/candidates.py",
-    "  return square and relative and not linear and not embed\n",
-    "  return square and relative and not linear\n",
+    "  return relative and not embed\n",
+    "  return relative\n",
     ("tests/test_match_t5.py", "-k", "square"),
-  ),
-  Mutation(
-    "a hints entry asked for every expert says layers",
-    "paramreg_jax/_src/match/refusal.py",
-    'what = "experts" if _EXPERTS.search(key) else "layers"',
-    'what = "layers"',
-    ("tests/test_match_refusals.py", "-k", "for_the_experts"),
   ),
   Mutation(
     "a per-expert bias is read as a weight",
@@ -884,7 +877,7 @@ MUTATIONS = (
   Mutation(
     "a fused gate_up of unknown layout offers [gate | up] alone",
     "paramreg_jax/_src/match/fused.py",
-    '    layouts = ("contiguous", "interleaved")',
+    "    layouts = config_facts.GATE_UP_LAYOUTS",
     '    layouts = ("contiguous",)',
     ("tests/test_match_hints.py", "-k", "gpt_oss"),
   ),

@@ -419,11 +419,13 @@ def _square_relative_table(
   its shape says nothing (read as stored, it was silently transposed). A flax or haiku
   ``Embed``'s ``embedding`` is ``[num, features]`` as torch's is: not asked."""
   square = len(stored) == 2 and stored[0] == stored[1] and tuple(shape) == tuple(stored)
+  if not square or linear:
+    return False  # every leaf meets every tensor here: the shapes first
   relative = any(
     "relpos" in c.tokens or ({"rel", "relative"} & c.tokens and "pos" in c.tokens) for c in (tc, sc)
   )
   embed = tc.name.rpartition("/")[2] in ("embedding", "embeddings")
-  return square and relative and not linear and not embed
+  return relative and not embed
 
 
 def _pointwise(tc: Concepts, stored: tuple[int, ...], shape: tuple[int, ...]) -> Any:

@@ -19,6 +19,7 @@ LAYOUTS = {
   "blocked_qvk4": "4 blocks of [q | v | k] (CodeGen)",
   "interleaved": "gate and up alternating, [g, u, g, u, ...] (GPT-OSS's experts)",
 }
+GATE_UP_LAYOUTS = ("contiguous", "interleaved")  # those a fused gate_up may be in
 
 # model_type -> the layout of its fused qkv; Falcon depends on two config flags (below)
 _QKV_LAYOUTS = {

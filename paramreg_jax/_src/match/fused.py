@@ -196,7 +196,7 @@ def _undecided(
   gate and up are told apart by nothing: each part in each layout it may be, to choose."""
   layouts = tuple(config_facts.LAYOUTS) if known not in config_facts.LAYOUTS else (str(known),)
   if f.present == ("gate", "up") and known not in config_facts.LAYOUTS:
-    layouts = ("contiguous", "interleaved")
+    layouts = config_facts.GATE_UP_LAYOUTS
   choices = _layout_choices(f, facts, roles, layouts)
   stored, key = f.stored, f.keys[0]
   if known in config_facts.LAYOUTS:  # gate and up by their order only: either way round
@@ -256,19 +256,10 @@ def _layout_hints(
         if not any(w % d for w in f.widths) and 1 < f.widths[0] // d <= _MAX_HEADS
       ]
     for size in sizes:
-      known = _with_heads(f, facts, size if layout in _BY_HEADS else 1)
-      rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
-      if not isinstance(rows, dict) or (layout in _BY_HEADS and len(f.present) != 3):
+      rows = _rows(f, layout, _with_heads(f, facts, size if layout in _BY_HEADS else 1))
+      if rows is None:
         continue
-      if not _tiles(rows, f.stored[f.axis]):
-        continue  # the parts must tile the fused axis in this layout
-      said = config_facts.LAYOUTS[layout]
-      if (
-        "q" not in f.present and layout == "contiguous"
-      ):  # a gate_up: [gate | up], or whichever of them the target has
-        said = "[gate | up] one after the other"
-      elif size:
-        said += f", {_heads(f.widths[0] // size)} of {size}"
+      said = _said(f, layout) + (f", {_heads(f.widths[0] // size)} of {size}" if size else "")
       hint = f"{layout}:{size}" if size else layout
       if rows in rows_of:  # splits as an earlier line does (per head with one head: contiguous)
         j = rows_of.index(rows)
@@ -305,20 +296,27 @@ def _layout_choices(
   out: dict[str, list[Choice]] = {n: [] for n in f.names}
   for layout in layouts:
     for known, said_heads in heads if layout in _BY_HEADS else heads[:1]:
-      rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
-      if not isinstance(rows, dict) or (layout in _BY_HEADS and len(f.present) != 3):
-        continue
-      if not _tiles(rows, f.stored[f.axis]):
-        continue  # the parts must tile the fused axis in this layout
-      said = config_facts.LAYOUTS[layout] + (
-        said_heads if layout in ("per_head", "grouped") else ""
-      )
-      if (
-        "q" not in f.present and layout == "contiguous"
-      ):  # a gate_up: [gate | up], or whichever of them the target has
-        said = "[gate | up] one after the other"
-      _offer(f, roles, layout, rows, said, out)
+      rows = _rows(f, layout, known)
+      if rows is not None:
+        _offer(f, roles, layout, rows, _said(f, layout) + said_heads, out)
   return {n: tuple(c) for n, c in out.items()}
+
+
+def _rows(f: _Fused, layout: str, known: config_facts.Facts) -> dict[str, list[int]] | None:
+  """The rows each part takes in ``layout`` (head counts from ``known``), if the layout holds
+  these parts (a per-head one, all three of q, k, v) and they tile the fused axis in it."""
+  rows = config_facts.part_rows(layout, f.present, list(f.widths), known)
+  if not isinstance(rows, dict) or (layout in _BY_HEADS and len(f.present) != 3):
+    return None
+  return rows if _tiles(rows, f.stored[f.axis]) else None
+
+
+def _said(f: _Fused, layout: str) -> str:
+  """How a line says ``layout``: a gate_up's contiguous one (or whichever of gate and up the
+  target has) is ``[gate | up]``."""
+  if "q" not in f.present and layout == "contiguous":
+    return "[gate | up] one after the other"
+  return config_facts.LAYOUTS[layout]
 
 
 def _heads(n: int) -> str:

@@ -43,9 +43,6 @@ from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 _LAYOUT = re.compile(rf"^({'|'.join(config_facts.LAYOUTS)})(?::([1-9]\d{{0,5}}))?$")
 
 
-_GATE_UP_LAYOUTS = ("contiguous", "interleaved")  # [gate | up], or GPT-OSS's alternating rows
-
-
 def is_layout(hint: Any) -> bool:
   """Whether a hint's value is a fused tensor's layout (``"contiguous"``, ``"per_head:64"``)."""
   return isinstance(hint, str) and _LAYOUT.match(hint) is not None
@@ -101,16 +98,17 @@ def layouts(
       )
       continue
     gate_up = any("gate_up" in ck.concepts[k].tokens for k in named)
-    if gate_up and layout not in _GATE_UP_LAYOUTS:
+    if gate_up and layout not in config_facts.GATE_UP_LAYOUTS:
       bad.append(
         f"layout hint {key!r}: a fused gate_up is laid out [gate | up] ('contiguous') or "
         f"alternating ('interleaved'), not {hint!r}"
       )
       continue
     if not gate_up and layout == "interleaved":
+      *rest, last = (repr(x) for x in config_facts.LAYOUTS if x != "interleaved")
       bad.append(
         f"layout hint {key!r}: 'interleaved' alternates a gate and an up; a fused qkv is "
-        "'contiguous', 'per_head', 'grouped' or 'blocked_qvk4'"
+        f"{', '.join(rest)} or {last}"
       )
       continue
     out.update({k: (layout, size) for k in named})

@@ -220,7 +220,7 @@ def _heads_against_config(
   for name, p in list(proposals.items()):
     if p.recipe is None or name in hinted:
       continue
-    for node in _reshapes(p.recipe):
+    for node in (n for n in ops.nodes(p.recipe) if isinstance(n, ops.Reshape)):
       keys = inference.source_keys(node.input)
       if not any(ck.concepts[k].tokens & _ATTENTION for k in keys if k in ck.concepts):
         continue
@@ -235,17 +235,6 @@ def _heads_against_config(
         )
         break
   return out
-
-
-def _reshapes(recipe: ops.Recipe) -> list[ops.Reshape]:
-  """Every reshape in ``recipe`` (a stack over 60 layers holds 60)."""
-  found, todo = [], [recipe]
-  while todo:
-    node = todo.pop()
-    if isinstance(node, ops.Reshape):
-      found.append(node)
-    todo.extend(node.children())
-  return found
 
 
 def _read_stored(ordered: list[Proposal], view: Any, problems: list[str]) -> list[Proposal]:

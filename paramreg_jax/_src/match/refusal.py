@@ -59,6 +59,13 @@ from paramreg_jax._src.sources.checkpoint_source import CheckpointSource
 
 _CHOICES = 12  # choices an entry lists
 _EXPERTS = re.compile(r"(?i)experts?[._/]?\{i\}")  # a template over a layer's experts
+
+
+def _counted(template: str) -> str:
+  """What a ``{i}`` template counts: ``Expert_{i}``, ``experts/{i}`` experts, else layers."""
+  return "experts" if _EXPERTS.search(template) else "layers"
+
+
 _NOTE = ("  # ", "  #   ")  # an entry's heading, and where it goes on when it is wide
 
 
@@ -341,8 +348,7 @@ def _grouped(problems: list[Problem], names: frozenset[str]) -> list[Problem]:
       choices = {**{k: cs for k, cs in choices.items() if cs}, **layouts}
     head, _, rest = said.partition(":")
     layers = ", ".join(n for _, n in members)
-    what = "experts" if _EXPERTS.search(keys[0]) else "layers"  # Expert_{i}, experts/{i}
-    message = f"{head}, in {len(members)} {what} ({layers}), each alike:{rest}"
+    message = f"{head}, in {len(members)} {_counted(keys[0])} ({layers}), each alike:{rest}"
     out.append(Problem(message, [t for p, _ in members for t in p.targets], choices))
   return out + [p for p in problems if id(p) not in done]
 
@@ -423,8 +429,7 @@ def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:
       shape = tuple(by_name[fits[0]].shape) if fits else ""
       first = str(p).split("\n", 1)[0]
       kind = next((w for w in ("ambiguous", "unmatched") if w in first), "refused")
-      what = "experts" if _EXPERTS.search(key) else "layers"  # as the problem says it
-      where = f", in {layers} {what}" if "{i}" in key else ""
+      where = f", in {layers} {_counted(key)}" if "{i}" in key else ""
       if not choices:
         lines += text_width.prose(f"{key} {shape}{where}: no tensor fits; give a recipe:", *_NOTE)
         lines.append(f"  # {json.dumps(key)}: R.source('<checkpoint name>'),")

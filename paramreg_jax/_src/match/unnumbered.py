@@ -25,6 +25,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from paramreg_jax._src import errors
@@ -105,7 +106,7 @@ class Reading:
     return errors.MatchError(b(str(e)), problems, partial, b(e.hints_code))
 
 
-def reading(names: Iterable[str], keys: Iterable[str]) -> Reading:
+def reading(names: Iterable[str], keys: Sequence[str]) -> Reading:
   """How ``match`` reads the target's ``names`` over a checkpoint of ``keys``.
 
   Examples:
@@ -132,8 +133,7 @@ def reading(names: Iterable[str], keys: Iterable[str]) -> Reading:
         and vocabulary.is_container(first)
       ):
         read[parent + kid] = f"{parent}{kid}_0"
-  said = list(keys)
   clash = [
-    r for r in read.values() if any(re.search(rf"(?<![\w~]){re.escape(r)}(?!\w)", k) for k in said)
+    r for r in read.values() if any(re.search(rf"(?<![\w~]){re.escape(r)}(?!\w)", k) for k in keys)
   ]
   return Reading({o: r for o, r in read.items() if r not in clash})

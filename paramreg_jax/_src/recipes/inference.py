@@ -58,12 +58,9 @@ def infer(recipe: base.Recipe, src: CheckpointSource, *, memo: Metas | None = No
   cache = _cache(src)
   meta = _infer(recipe, src, memo, cache)
   if every:  # nodes below a cached node are not in the memo yet
-    stack: list[base.Recipe] = [recipe]
-    while stack:
-      node = stack.pop()
+    for node in base.nodes(recipe):
       if id(node) not in memo:
         _infer(node, src, memo, cache)
-      stack.extend(node.children())
   return meta
 
 
@@ -121,14 +118,7 @@ def source_keys(recipe: base.Recipe) -> tuple[str, ...]:
   hit = recipe.__dict__.get(_KEYS_ATTR)
   if hit is not None:
     return hit
-  out: set[str] = set()
-  stack: list[base.Recipe] = [recipe]
-  while stack:
-    node = stack.pop()
-    if isinstance(node, Source):
-      out.add(node.key)
-    stack.extend(node.children())
-  keys = tuple(sorted(out))
+  keys = tuple(sorted({n.key for n in base.nodes(recipe) if isinstance(n, Source)}))
   recipe.__dict__[_KEYS_ATTR] = keys  # a recipe never changes: its keys are kept with it
   return keys
 

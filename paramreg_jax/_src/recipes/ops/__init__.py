@@ -15,6 +15,7 @@ from paramreg_jax._src.recipes.ops.base import Read
 from paramreg_jax._src.recipes.ops.base import Recipe
 from paramreg_jax._src.recipes.ops.base import check_axis
 from paramreg_jax._src.recipes.ops.base import check_recipe
+from paramreg_jax._src.recipes.ops.base import nodes
 from paramreg_jax._src.recipes.ops.block_part import BlockPart
 from paramreg_jax._src.recipes.ops.block_part import block_mins
 from paramreg_jax._src.recipes.ops.block_part import block_scales
@@ -79,6 +80,7 @@ __all__ = (
   "dequantize",
   "mxfp4",
   "neg_log",
+  "nodes",
   "reshape",
   "scale_blocks",
   "select",

@@ -24,6 +24,7 @@ import abc
 import dataclasses
 import re
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 from typing import ClassVar
@@ -250,6 +251,21 @@ def check_dtype(dtype: Any, where: Any) -> np.dtype:
       f"{where}: dtype {dt} is not supported by recipes (numeric and ml_dtypes types only)"
     )
   return dt
+
+
+def nodes(recipe: Recipe) -> Iterator[Recipe]:
+  """Every node of ``recipe``, itself first (depth first; a node reached twice comes twice).
+
+  Examples:
+    >>> from paramreg_jax import recipes as R
+    >>> [type(n).__name__ for n in nodes(R.transpose(R.source("w"), (1, 0)))]
+    ['Transpose', 'Source']
+  """
+  stack = [recipe]
+  while stack:
+    node = stack.pop()
+    yield node
+    stack.extend(node.children())
 
 
 def check_recipe(x: Any, what: str) -> Recipe:
