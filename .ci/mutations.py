@@ -902,6 +902,27 @@ MUTATIONS = (
     "  flag = None",
     ("tests/test_match_unseen.py", "-k", "nnx_transposed_convolution"),
   ),
+  Mutation(
+    "a bare fused experts tensor is oriented by the config's linear modules",
+    "paramreg_jax/_src/match/candidates.py",
+    "    if sc.bare:\n      convention = ck.bare_relations.get(True)\n",
+    "",
+    ("tests/test_match_unseen.py", "-k", "gpt_oss_experts_in_first"),
+  ),
+  Mutation(
+    "a fused tensor's parts may be cut along its experts axis",
+    "paramreg_jax/_src/match/fused.py",
+    "      at = [a for a in range(max(rank - 2, 0), rank) if stored[a] == sum(widths)]",
+    "      at = [a for a in range(rank) if stored[a] == sum(widths)][:1]",
+    ("tests/test_match_layouts.py", "-k", "fused_experts"),
+  ),
+  Mutation(
+    "a fused tensor's parts orient no other bare tensor",
+    "paramreg_jax/_src/match/axes.py",
+    "    if stored != shape and (part := _part_relation(p.recipe, len(ck.shapes[p.keys[0]]))):",
+    "    if False and (part := _part_relation(p.recipe, len(ck.shapes[p.keys[0]]))):",
+    ("tests/test_match_layouts.py", "-k", "fused_experts"),
+  ),
 )
 
 

@@ -5,7 +5,7 @@ BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, Re
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
 EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, a wav2vec 2.0 Conformer, RecurrentGemma
-(Griffin), Qwen2-VL, DETR, and a diffusion VAE, UNet and
+(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -489,12 +489,53 @@ def conv_transpose() -> None:
   print("conv_transpose ->", out)
 
 
+def gpt_oss_experts() -> None:
+  """``gpt_oss_experts{,_wide}/``: one GPT-OSS MoE block (its router and experts, named as in
+  the full model), its ``config.json``, and a forward pass (``reference.npz``: ``x``, ``y``).
+  Its experts are bare ``[E, in, out]`` parameters with gate and up alternating; ``square``
+  has hidden = expert width as the released models do, ``wide`` hidden = twice it (where
+  ``[E, D, 2I]`` and transformers 5's usual ``[E, 2I, D]`` have the same shape)."""
+  import numpy as np
+  from safetensors.torch import save_file
+  from transformers.models.gpt_oss import modeling_gpt_oss
+
+  for name, hidden, width in (("gpt_oss_experts", 8, 8), ("gpt_oss_experts_wide", 6, 3)):
+    torch.manual_seed(0)
+    config = tf.GptOssConfig(
+      hidden_size=hidden,
+      intermediate_size=width,
+      num_local_experts=4,
+      num_experts_per_tok=2,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      num_key_value_heads=1,
+      head_dim=4,
+      vocab_size=16,
+    )
+    block = modeling_gpt_oss.GptOssMLP(config).eval()
+    _randomize(block)
+    out = OUT / name
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.layers.0.mlp.{k}": v.contiguous() for k, v in block.state_dict().items()}
+    save_file(tensors, out / "model.safetensors")
+    config.to_json_file(out / "config.json")
+    x = torch.randn(1, 5, hidden)
+    with torch.no_grad():
+      y, _ = block(x)
+    np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
+    print(name, "->", out)
+
+
+_FUNCTIONS = {"conv_transpose": conv_transpose, "gpt_oss_experts": gpt_oss_experts}
+
+
 def main(names: list[str]) -> None:
-  if "conv_transpose" in names or not names:
-    conv_transpose()
-    names = [n for n in names if n != "conv_transpose"] if names else []
-    if not names and sys.argv[1:]:
-      return
+  for name, make in _FUNCTIONS.items():
+    if name in names or not names:
+      make()
+  names = [n for n in names if n not in _FUNCTIONS]
+  if not names and sys.argv[1:]:
+    return
   for name in names or list(CASES):
     torch.manual_seed(0)
     model = CASES[name]().eval()

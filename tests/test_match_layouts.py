@@ -99,6 +99,72 @@ def test_fused_parts_of_unknown_orientation_are_refused():
     prj.match(target, MemorySource(ck))
 
 
+def _moe(e, d, i):
+  """transformers 5's fused experts (``[E, 2I, D]``, ``[gate | up]``; ``down`` ``[E, D, I]``)
+  and a flax target of ``[E, in, out]`` kernels."""
+  x = "model.layers.0.mlp.experts."
+  ck = {x + "gate_up_proj": _rand(e, 2 * i, d), x + "down_proj": _rand(e, d, i)}
+  experts = {n: {"kernel": _sds(e, d, i)} for n in ("gate_proj", "up_proj")}
+  target = {"layers_0": {"mlp": {"experts": {**experts, "down_proj": {"kernel": _sds(e, i, d)}}}}}
+  gu = ck[x + "gate_up_proj"]
+  want = {
+    "layers_0/mlp/experts/gate_proj/kernel": gu[:, :i].transpose(0, 2, 1),
+    "layers_0/mlp/experts/up_proj/kernel": gu[:, i:].transpose(0, 2, 1),
+    "layers_0/mlp/experts/down_proj/kernel": ck[x + "down_proj"].transpose(0, 2, 1),
+  }
+  return ck, target, want
+
+
+def _restored(target, src, m):
+  got = prj.restore(target, src, recipes=m)
+  return {
+    prj.path_to_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(got)[0]
+  }
+
+
+@pytest.mark.parametrize("config", [None, {"model_type": "mixtral"}])
+def test_the_fused_experts_parts_orient_a_square_down(config):
+  """The axis a fused ``gate_up``'s parts tile is its out axis: where it is the only one,
+  the parts say how the expert tensors are laid out, and a square ``down`` (hidden = expert
+  width) is oriented by them, not asked."""
+  ck, target, want = _moe(4, 6, 6)
+  src = MemorySource(ck)
+  got = _restored(target, src, prj.match(target, src, config=config))
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def _gpt_oss(e, d, i):
+  """GPT-OSS's experts: ``[E, D, 2I]``, gate and up alternating; ``down`` ``[E, I, D]``."""
+  x = "model.layers.0.mlp.experts."
+  ck = {x + "gate_up_proj": _rand(e, d, 2 * i), x + "down_proj": _rand(e, i, d)}
+  experts = {n: {"kernel": _sds(e, d, i)} for n in ("gate_proj", "up_proj")}
+  target = {"layers_0": {"mlp": {"experts": {**experts, "down_proj": {"kernel": _sds(e, i, d)}}}}}
+  gu = ck[x + "gate_up_proj"]
+  want = {
+    "layers_0/mlp/experts/gate_proj/kernel": gu[..., ::2],
+    "layers_0/mlp/experts/up_proj/kernel": gu[..., 1::2],
+    "layers_0/mlp/experts/down_proj/kernel": ck[x + "down_proj"],
+  }
+  return ck, target, want
+
+
+@pytest.mark.parametrize(
+  ("make", "config"), [(lambda: _moe(8, 8, 4), None), (lambda: _gpt_oss(4, 6, 2), "gpt_oss")]
+)
+def test_a_fused_experts_tensor_is_never_split_along_its_experts(make, config):
+  """As many experts as ``2I``: the experts axis tiles the parts' widths too, and was the one
+  taken (GPT-OSS's ``[4, 6, 4]``: gate and up cut across the experts, reshaped, no error;
+  transformers 5's ``[8, 8, 8]``: every line offered a wrong split). Only the last two axes
+  are a fused tensor's out axis; where both tile, the bare tensors decided orient it."""
+  ck, target, want = make()
+  src = MemorySource(ck)
+  m = prj.match(target, src, config=config and {"model_type": config})
+  got = _restored(target, src, m)
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
 # --- where the layers are: axis 0, or axis 1 with experts first --------------------------------
 
 

@@ -3431,3 +3431,94 @@ def test_an_nnx_transposed_convolution_says_how_it_applies_its_kernel(transpose_
   nnx.update(model, prj.restore(model, src, recipes=prj.match(model, src)))
   y = model(jnp.asarray(ref["x"].transpose(0, 2, 3, 1)))
   np.testing.assert_allclose(np.asarray(y).transpose(0, 3, 1, 2), ref["y"], rtol=1e-5, atol=1e-5)
+
+
+# --- GPT-OSS's experts: bare [E, in, out] parameters, gate and up alternating ------------------
+
+
+def _gpt_oss_target(hidden, width, experts=4):
+  """A JAX port's MoE block: the router a ``Dense``, each expert weight stacked ``[E, in,
+  out]``, gate and up apart (as MaxText and most ports keep them)."""
+  sds = lambda *s: jax.ShapeDtypeStruct(s, np.float32)  # noqa: E731
+  part = lambda i, o: {"kernel": sds(experts, i, o), "bias": sds(experts, o)}  # noqa: E731
+  mlp = {
+    "router": {"kernel": sds(hidden, experts), "bias": sds(experts)},
+    "experts": {
+      "gate": part(hidden, width),
+      "up": part(hidden, width),
+      "down": part(width, hidden),
+    },
+  }
+  return {"layers_0": {"mlp": mlp}}
+
+
+def _gpt_oss_block(params, x, top_k=2, alpha=1.702, limit=7.0):
+  """The block as GPT-OSS computes it (the config's ``swiglu_alpha``, ``swiglu_limit``)."""
+  p = params["layers_0"]["mlp"]
+  logits = x @ p["router"]["kernel"] + p["router"]["bias"]
+  top, chosen = jax.lax.top_k(logits, top_k)
+  weights = jnp.einsum(
+    "tk,tke->te", jax.nn.softmax(top, -1), jax.nn.one_hot(chosen, logits.shape[-1])
+  )
+  e = p["experts"]
+  gate = jnp.einsum("td,edi->tei", x, e["gate"]["kernel"]) + e["gate"]["bias"]
+  up = jnp.einsum("td,edi->tei", x, e["up"]["kernel"]) + e["up"]["bias"]
+  gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+  h = (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
+  out = jnp.einsum("tei,eid->ted", h, e["down"]["kernel"]) + e["down"]["bias"]
+  return jnp.einsum("te,ted->td", weights, out)
+
+
+@pytest.mark.parametrize(
+  ("name", "hidden", "width"), [("gpt_oss_experts", 8, 8), ("gpt_oss_experts_wide", 6, 3)]
+)
+def test_gpt_oss_experts_in_first_map_with_no_hint_and_compute_as_torch(name, hidden, width):
+  """GPT-OSS keeps its experts as bare ``[E, in, out]`` parameters (``x @ W``), where
+  transformers 5's other MoE models keep ``[E, out, in]``; the config's ``[out, in]`` is its
+  linear modules', not theirs. Released GPT-OSS is square (hidden = expert width): it was
+  refused. With hidden = twice the width, ``[E, D, 2I]`` has the shape of ``[E, 2I, D]``: it
+  was split on the wrong axis and transposed, and loaded without an error. Now the axis the
+  parts' widths tile, or the bare tensors already decided, orient them; the forward pass
+  equals torch's."""
+  path = DATA / name
+  ref = np.load(path / "reference.npz")
+  target = _gpt_oss_target(hidden, width)
+  src = prj.open_source(str(path))
+  m = prj.match(target, src)
+  params = prj.restore(target, src, recipes=m)
+  y = _gpt_oss_block(params, jnp.asarray(ref["x"][0]))
+  np.testing.assert_allclose(np.asarray(y), ref["y"][0], rtol=1e-5, atol=1e-5)
+  rows = {t: why for t, _, why in m.rows()}
+  assert "interleaved" in rows["layers_0/mlp/experts/gate/kernel"], rows
+
+
+@pytest.mark.parametrize("name", ["gpt_oss_experts", "gpt_oss_experts_wide"])
+def test_gpt_oss_experts_without_the_config_are_asked_and_a_line_holds_them(name):
+  """Without the config nothing says gate and up alternate: asked (and a square ``down``'s
+  orientation with it). Uncommenting the one layout line is enough: the parts it cuts
+  orient ``down``, and every value is the one transformers computes with."""
+  path = DATA / name
+  data = load_file(path / "model.safetensors")
+  src = prj.MemorySource(data)
+  _, width, hidden = data["model.layers.0.mlp.experts.down_proj"].shape  # [E, I, D]
+  target = _gpt_oss_target(hidden, width)
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, src)
+  x = "model.layers.0.mlp."
+  gu, gub = data[x + "experts.gate_up_proj"], data[x + "experts.gate_up_proj_bias"]
+  want = {
+    "layers_0/mlp/router/kernel": data[x + "router.weight"].T,
+    "layers_0/mlp/router/bias": data[x + "router.bias"],
+    "layers_0/mlp/experts/gate/kernel": gu[..., ::2],
+    "layers_0/mlp/experts/gate/bias": gub[..., ::2],
+    "layers_0/mlp/experts/up/kernel": gu[..., 1::2],
+    "layers_0/mlp/experts/up/bias": gub[..., 1::2],
+    "layers_0/mlp/experts/down/kernel": data[x + "experts.down_proj"],
+    "layers_0/mlp/experts/down/bias": data[x + "experts.down_proj_bias"],
+  }
+  entries = literal_entries(e.value)
+  key = x + "experts.gate_up_proj"
+  (line,) = [line for line in entries[key] if '"interleaved"' in line]  # its bias's too
+  got = prj.restore(target, src, recipes=prj.match(target, src, hints=uncommented(line)))
+  for p, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
+    np.testing.assert_array_equal(np.asarray(leaf), want[prj.path_to_name(p)])

@@ -13,6 +13,9 @@ from paramreg_jax._src.match.evidence import is_linear
 from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.vocabulary import Concepts
 from paramreg_jax._src.match.vocabulary import concepts
+from paramreg_jax._src.recipes import ops
+from paramreg_jax._src.sources.selection import Indices
+from paramreg_jax._src.sources.selection import Range
 
 
 def orientation(
@@ -194,15 +197,36 @@ def decided_relation(
         shape, stored = tuple(slot.shape)[1:], stored[1:]
     if shape is None:
       continue  # a stacked kernel whose layers' axis is not known
-    if stored is None or len(shape) != 2 or shape[0] == shape[1] or not linear_target(tc, shape):
+    if stored is None or len(shape) != 2 or not linear_target(tc, shape):
       continue
     if not is_linear(ck.concepts[p.keys[0]], stored) or ck.concepts[p.keys[0]].bare != bare:
       continue
-    if stored == shape:
+    if stored != shape and (part := _part_relation(p.recipe, len(ck.shapes[p.keys[0]]))):
+      said.add(part)  # rows cut along the out axis: square or not, its place is known
+    elif shape[0] == shape[1]:
+      continue
+    elif stored == shape:
       said.add("same")
     elif stored[::-1] == shape:
       said.add("t")
   return said.pop() if len(said) == 1 else None
+
+
+def _part_relation(recipe: ops.Recipe, rank: int) -> str | None:
+  """How a part of a fused tensor relates to it (``"t"``, ``"same"``), or None if ``recipe``
+  is no such part: rows cut from each layer's tensor along one of its last two axes (its out
+  axis: a part of a fused tensor is some of its outputs), turned or not, and nothing else."""
+  cuts, turned = set(), False
+  for node in ops.nodes(recipe):
+    if isinstance(node, ops.Source):
+      if not isinstance(node.selection, (Range, Indices)) or node.selection.axis < rank - 2:
+        return None
+      cuts.add(node.selection.axis)
+    elif isinstance(node, ops.Transpose):
+      turned = True
+    elif not isinstance(node, (ops.Stack, ops.Cast)):
+      return None
+  return ("t" if turned else "same") if len(cuts) == 1 else None
 
 
 def hinted_convention(slots: list[Any], ck: Checkpoint, named: dict[str, list[str]]) -> str | None:

@@ -177,11 +177,17 @@ def _pick_expert(build: Any, e: int, shape: tuple[int, ...]) -> ops.Recipe:
 
 
 def _expert_part(tc: Concepts, shape: tuple[int, ...], key: str, axis: int, ck: Checkpoint) -> Any:
-  """The builder of one part (gate or up) of a fused ``[E, 2I, D]`` over all experts."""
+  """The builder of one part (gate or up) of a fused ``[E, 2I, D]`` over all experts (where
+  its layout is not known, the one of its last two axes that is twice the part's width)."""
   part = tc.tokens & {"gate", "up"}
   stored = ck.shapes[key]
   width = shape[-1]  # the part's output size ([in, out] target)
-  if len(part) != 1 or layout_by_name(key) != "contiguous" or stored[axis] != 2 * width:
+  if axis == FUSED_AXIS_BY_WIDTHS:
+    tiled = [a for a in (1, 2) if stored[a] == 2 * width]
+    axis = tiled[0] if len(tiled) == 1 else axis
+  if len(part) != 1 or axis == FUSED_AXIS_BY_WIDTHS or stored[axis] != 2 * width:
+    return None
+  if layout_by_name(key, stored, axis) != "contiguous":
     return None
   start = 0 if part == {"gate"} else width
 
@@ -370,7 +376,11 @@ def _single(
   if len(part) == 1 and fused in sc.tokens and rank in (1, 2) and not whole:
     rest_t = Concepts("", tc.tokens - part, (), "")
     score = rest_t.similarity(Concepts("", sc.tokens - {fused}, (), ""))
-    # the fused axis: out (``t``: [.., out, in]) or the last (``same``: [.., in, out])
+    # the fused axis: out (``t``: [.., out, in]) or the last (``same``: [.., in, out]); a
+    # bare parameter is laid out as its author chose (GPT-OSS's experts [E, in, out], where
+    # transformers 5's are [E, out, in]): only the bare ones decided say it, not the config
+    if sc.bare:
+      convention = ck.bare_relations.get(True)
     axis = len(sshape) - 1 if rank == 2 and convention == "same" else len(sshape) - rank
     if rank == 2 and convention not in ("t", "same"):
       axis = FUSED_AXIS_BY_WIDTHS  # the axis the parts' widths tile, found when they are known

@@ -83,7 +83,7 @@ def split(
   stored = ck.shapes[keys[0]]
   at = ck.scan_axis or 0  # a stacked part is a candidate only where this is known
   per_layer = {n: shapes[n][:at] + shapes[n][at + 1 :] if stacked else shapes[n] for n in names}
-  found = _geometry(names, per_layer, stored, axis, ck)
+  found = _geometry(names, per_layer, stored, axis, ck, ck.concepts[keys[0]].bare)
   if isinstance(found, str):
     return f"{', '.join(names)}: parts of fused {keys[0]!r} {stored}, but {found}"
   axis, widths, out_first = found
@@ -148,14 +148,18 @@ def _geometry(
   stored: tuple[int, ...],
   axis: int,
   ck: evidence.Checkpoint,
+  bare: bool,
 ) -> tuple[int, tuple[int, ...], bool] | str:
   """``(fused axis, each part's width along it, whether the parts are [out, in])``, or why
   not. A part's width is its output size; whether its output axes come first is what its
   relation to the stored tensor (transposed or not: the orientation evidence) and the stored
   layout say. A ``kernel`` is ``[in, out]``; a torch-style ``weight`` is whatever its relation
-  says; where nothing says it, each reading is tried and only one that tiles may stand."""
+  says; where nothing says it, each reading is tried and only one that tiles may stand. A
+  ``bare`` stored parameter (GPT-OSS's experts) is oriented by the bare ones decided only.
+  The fused axis is one of the last two (experts and layers stay whole): where both tile, the
+  parts' widths cannot say which."""
   rank = len(stored)
-  relations = {axes.orientation(ck, n) for n in names}
+  relations = {axes.orientation(ck, n, bare=bare) for n in names}
   flip = relations.pop() if len(relations) == 1 else None
   readings: list[tuple[int, tuple[int, ...], bool]] = []
   tried: list[tuple[tuple[int, ...], int]] = []
@@ -169,11 +173,12 @@ def _geometry(
       at = [rank - 2 if out_first == (flip == "same") else rank - 1]
     elif axis != FUSED_AXIS_BY_WIDTHS:  # the stored layout is known; the part's is not
       at = [axis]
-    else:  # nothing known: the one axis the parts tile
-      at = [a for a, size in enumerate(stored) if size == sum(widths)][:1]
+    else:  # nothing known: an out axis the parts tile ([.., out, in] or [.., in, out])
+      at = [a for a in range(max(rank - 2, 0), rank) if stored[a] == sum(widths)]
     tried.append((widths, at[0] if at else axis))
-    if at and stored[at[0]] == sum(widths) and (axis == FUSED_AXIS_BY_WIDTHS or at[0] == axis):
-      readings.append((at[0], widths, out_first))
+    for a in at:
+      if stored[a] == sum(widths) and (axis == FUSED_AXIS_BY_WIDTHS or a == axis):
+        readings.append((a, widths, out_first))
   if len(readings) == 1:  # two readings transpose the parts differently: never a pick
     return readings[0]
   if not readings:
