@@ -923,6 +923,41 @@ MUTATIONS = (
     "    if False and (part := _part_relation(p.recipe, len(ck.shapes[p.keys[0]]))):",
     ("tests/test_match_layouts.py", "-k", "fused_experts"),
   ),
+  Mutation(
+    "a projection in a module named for norms is read as a norm",
+    "paramreg_jax/_src/match/evidence.py",
+    '  if "norm" in vocabulary.own_words(c.name):',
+    '  if "norm" in c.tokens:',
+    ("tests/test_match_unseen.py", "-k", "dbrx_maps"),
+  ),
+  Mutation(
+    "flattened experts are never split and transposed per expert",
+    "paramreg_jax/_src/match/candidates.py",
+    '      out.append(("heads+t", lambda r: ops.transpose(ops.reshape(r, split), (0, 2, 1))))',
+    "      pass",
+    ("tests/test_match_unseen.py", "-k", "dbrx"),
+  ),
+  Mutation(
+    "a square tensor is split on one axis whatever its orientation",
+    "paramreg_jax/_src/match/candidates.py",
+    "    square = len(dst) == 3 and src[0] == src[1] and dst[1] != dst[2]",
+    "    square = False",
+    ("tests/test_match_refusals.py", "-k", "rearrangement_fits"),
+  ),
+  Mutation(
+    "a hint on a bare tensor is checked against the linear modules' layout",
+    "paramreg_jax/_src/match/hints.py",
+    "  relation = axes.orientation(ck, name, decided=False, bare=bare.pop())",
+    "  relation = axes.orientation(ck, name, decided=False)",
+    ("tests/test_match_unseen.py", "-k", "dbrx_square"),
+  ),
+  Mutation(
+    "DBRX's fused qkv layout is not known from its config",
+    "paramreg_jax/_src/match/config_facts.py",
+    '  "dbrx": "contiguous",',
+    "",
+    ("tests/test_match_unseen.py", "-k", "dbrx_maps"),
+  ),
 )
 
 

@@ -5,7 +5,7 @@ BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, Re
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
 EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, a wav2vec 2.0 Conformer, RecurrentGemma
-(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, and a diffusion VAE, UNet and
+(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, DBRX, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -526,7 +526,37 @@ def gpt_oss_experts() -> None:
     print(name, "->", out)
 
 
-_FUNCTIONS = {"conv_transpose": conv_transpose, "gpt_oss_experts": gpt_oss_experts}
+def dbrx() -> None:
+  """``dbrx{,_square}/``: DBRX at toy size (``save_pretrained``) and its first block's MoE
+  feed-forward on an input (``reference.npz``: ``x``, ``y``). Its experts are flattened
+  ``[E * I, D]`` bare parameters: ``w1`` (gate) and ``v1`` (up) ``[out, in]`` per expert,
+  ``w2`` (down) ``[in, out]``; ``square`` has the expert width equal to the hidden size."""
+  import numpy as np
+
+  for name, width in (("dbrx", 12), ("dbrx_square", 16)):
+    torch.manual_seed(0)
+    config = tf.DbrxConfig(
+      d_model=16,
+      n_heads=2,
+      n_layers=2,
+      max_seq_len=32,
+      vocab_size=32,
+      attn_config={"kv_n_heads": 1, "clip_qkv": None, "rope_theta": 10000.0},
+      ffn_config={"ffn_hidden_size": width, "moe_num_experts": 4, "moe_top_k": 2},
+    )
+    model = tf.DbrxForCausalLM(config).eval()
+    _randomize(model)
+    out = OUT / name
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    x = torch.randn(1, 5, 16)
+    with torch.no_grad():
+      y = model.transformer.blocks[0].ffn(x)
+    np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
+    print(name, "->", out)
+
+
+_FUNCTIONS = {"conv_transpose": conv_transpose, "gpt_oss_experts": gpt_oss_experts, "dbrx": dbrx}
 
 
 def main(names: list[str]) -> None:

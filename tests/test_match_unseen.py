@@ -3522,3 +3522,105 @@ def test_gpt_oss_experts_without_the_config_are_asked_and_a_line_holds_them(name
   got = prj.restore(target, src, recipes=prj.match(target, src, hints=uncommented(line)))
   for p, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
     np.testing.assert_array_equal(np.asarray(leaf), want[prj.path_to_name(p)])
+
+
+# --- DBRX: experts flattened [E * I, D], gate and up [out, in] per expert, down [in, out] -------
+
+
+def _dbrx(c, experts=4):
+  """A JAX port of DBRX: flax kernels, each expert weight stacked ``[E, in, out]``; the hand
+  conversion from DBRX's own code (``x @ w1[e].T``, ``x @ v1[e].T``, ``h @ w2[e]``)."""
+  d = c["transformer.wte.weight"].shape[1]
+  p = {
+    "wte": {"embedding": c["transformer.wte.weight"]},
+    "norm_f": {"scale": c["transformer.norm_f.weight"]},
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+  for i in range(2):
+    q = f"transformer.blocks.{i}."
+    qkv = c[q + "norm_attn_norm.attn.Wqkv.weight"]  # [q | k | v], one kv head of 8
+    width = c[q + "ffn.experts.mlp.w1"].shape[0] // experts
+    each = lambda n: c[q + f"ffn.experts.mlp.{n}"].reshape(experts, width, d)  # noqa: E731
+    attn = {n: {"kernel": T(w)} for n, w in zip("qkv", np.split(qkv, [d, d + d // 2]))}
+    p[f"blocks_{i}"] = {
+      "norm_1": {"scale": c[q + "norm_attn_norm.norm_1.weight"]},
+      "norm_2": {"scale": c[q + "norm_attn_norm.norm_2.weight"]},
+      "attn": {**attn, "o": {"kernel": T(c[q + "norm_attn_norm.attn.out_proj.weight"])}},
+      "ffn": {
+        "router": {"kernel": T(c[q + "ffn.router.layer.weight"])},
+        "experts": {
+          "gate": {"kernel": each("w1").transpose(0, 2, 1)},
+          "up": {"kernel": each("v1").transpose(0, 2, 1)},
+          "down": {"kernel": each("w2")},
+        },
+      },
+    }
+  return p
+
+
+def _dbrx_ffn(block, x, top_k=2):
+  """DBRX's MoE feed-forward (softmax router, top-k weights normalised to sum 1, SiLU GLU)."""
+  probs = jax.nn.softmax(x @ block["router"]["kernel"], -1)
+  top, chosen = jax.lax.top_k(probs, top_k)
+  top = top / top.sum(-1, keepdims=True)
+  weights = jnp.einsum("tk,tke->te", top, jax.nn.one_hot(chosen, probs.shape[-1]))
+  e = block["experts"]
+  gate = jnp.einsum("td,edi->tei", x, e["gate"]["kernel"])
+  up = jnp.einsum("td,edi->tei", x, e["up"]["kernel"])
+  out = jnp.einsum("tei,eid->ted", jax.nn.silu(gate) * up, e["down"]["kernel"])
+  return jnp.einsum("te,ted->td", weights, out)
+
+
+def _dbrx_check(path, params, expect):
+  for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    want = expect
+    for k in p:
+      want = want[k.key]
+    np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(p))
+  ref = np.load(path / "reference.npz")
+  y = _dbrx_ffn(params["blocks_0"]["ffn"], jnp.asarray(ref["x"][0]))
+  np.testing.assert_allclose(np.asarray(y), ref["y"][0], rtol=1e-5, atol=1e-5)
+
+
+def test_dbrx_maps_with_no_hint_and_its_experts_compute_as_torch():
+  """Four things DBRX does its own way, each read from evidence that holds for any model: its
+  attention's ``out_proj`` sits in a block named ``norm_attn_norm`` (it was read as a norm and
+  taken untransposed: no error); its experts are ``[E * I, D]``, gate and up split per expert
+  and transposed (no reading did that: refused), down split as it is; ``v1`` is the up
+  projection beside ``mlp.w1``; its ``Wqkv`` is ``[q | k | v]`` (its config's model type).
+  Every leaf equals the hand conversion, and the feed-forward equals torch's."""
+  path = DATA / "dbrx"
+  expect = _dbrx(load_file(path / "model.safetensors"))
+  target = _target(expect)
+  src = prj.open_source(str(path))
+  _dbrx_check(path, prj.restore(target, src, recipes=prj.match(target, src)), expect)
+
+
+def test_dbrx_square_experts_are_asked_both_ways_and_a_line_computes_as_torch():
+  """With the expert width equal to the hidden size, each expert's ``[I, D]`` is square: gate
+  and up ``[out, in]`` and down ``[in, out]`` fit either way, and DBRX lays them out both
+  ways. Asked once per concept for every layer, both readings on the lines (a plain split
+  was taken before, gate and up untransposed); the lines a user who read DBRX's code
+  uncomments restore it, and nothing in ``.partial`` is wrong."""
+  path = DATA / "dbrx_square"
+  expect = _dbrx(load_file(path / "model.safetensors"))
+  target = _target(expect)
+  src = prj.open_source(str(path))
+  with pytest.raises(prj.MatchError) as e:
+    prj.match(target, src)
+  for name, recipe in e.value.partial.items():
+    want = expect
+    for k in name.split("/"):
+      want = want[k]
+    np.testing.assert_array_equal(np.asarray(R.evaluate(recipe, src)), want, err_msg=name)
+  entries = literal_entries(e.value)
+  prefix = "blocks_{i}/ffn/experts/"
+  assert sorted(entries) == [prefix + n + "/kernel" for n in ("down", "gate", "up")], entries
+  chosen = {}
+  for part, stored, turned in (("gate", "w1", True), ("up", "v1", True), ("down", "w2", False)):
+    tensor = re.compile(rf"mlp\.{stored}['\"]")
+    lines = [x for x in entries[prefix + part + "/kernel"] if tensor.search(x)]
+    assert len(lines) == 2, lines  # both readings offered
+    (line,) = [x for x in lines if ("each transposed" in x) == turned]
+    chosen |= uncommented(line)
+  _dbrx_check(path, prj.restore(target, src, recipes=prj.match(target, src, hints=chosen)), expect)

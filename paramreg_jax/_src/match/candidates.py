@@ -66,6 +66,14 @@ def _layouts(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
       out.append(("t+heads", lambda r: ops.reshape(ops.transpose(r, (1, 0)), dst)))
     if _reshapes(src, dst):
       out.append(("heads", lambda r: ops.reshape(r, dst)))
+    # its first axis split and each item transposed: DBRX's experts [E * out, in] as
+    # [E, in, out]; where the items are square this is the other reading of "heads" (of one
+    # item, it is "t+heads"). A square tensor's other orientation would split its other
+    # axis, which no reading here does: that one is the config's (``_heads_permuted``)
+    square = len(dst) == 3 and src[0] == src[1] and dst[1] != dst[2]
+    if len(dst) == 3 and dst[0] > 1 and not square and src == (dst[0] * dst[2], dst[1]):
+      split = (dst[0], dst[2], dst[1])
+      out.append(("heads+t", lambda r: ops.transpose(ops.reshape(r, split), (0, 2, 1))))
   elif len(src) != 2 and src != dst and _reshapes(src, dst) and not out and not pointwise:
     # (a 1x1 conv's [o, i, 1, 1] -> [1, 1, i, o] is the conv layout, not a reshape; as a
     # linear weight it is oriented by the leaf's word: see _pointwise)
@@ -509,6 +517,7 @@ _REASONS = {
   "table-t": "name + transpose",
   "heads": "name + heads reshaped",
   "t+heads": "name + transpose + heads reshaped",
+  "heads+t": "name + heads reshaped + each transposed",
   "conv": "name + conv kernel OIHW -> HWIO",
   "conv3d": "name + conv kernel OIDHW -> DHWIO",
   "conv1d": "name + conv kernel OIK -> KIO",
@@ -531,7 +540,7 @@ def _oriented(
     return False  # the evidence disagrees: no linear weight is oriented by guess
   if convention is None:
     return True  # both offered: a square kernel is then ambiguous, never guessed
-  transposed = how.startswith("t")
+  transposed = how.startswith("t") or how == "heads+t"
   return transposed == (convention == "t")
 
 

@@ -28,6 +28,7 @@ _QKV_LAYOUTS = {
   "phi3": "contiguous",
   "mpt": "contiguous",
   "modernbert": "contiguous",  # Wqkv viewed as [3, heads, head_dim]
+  "dbrx": "contiguous",  # Wqkv split [hidden, kv heads * head_dim, kv heads * head_dim]
   "gpt_neox": "per_head",
   "gpt_neox_japanese": "per_head",
   "bloom": "per_head",

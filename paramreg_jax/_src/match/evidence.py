@@ -370,7 +370,11 @@ def linear_target(c: Concepts, shape: tuple[int, ...]) -> bool:
   (A target's name is the user's: ``mlp/x`` may well be a kernel, so no bare rule here; a
   stored ``A_log`` is not linear, and that is what orientation asks.)"""
   # a depthwise conv stored 2-D (Mamba's ``ssm_conv1d`` [channels, kernel]) multiplies nothing
-  if c.kind != "w" or len(shape) != 2 or c.tokens & {"norm", "relpos", "conv1d"}:
+  if c.kind != "w" or len(shape) != 2 or c.tokens & {"relpos", "conv1d"}:
+    return False
+  # a norm by its own module's name (a per-head q_norm [heads, head_dim]), not by a module
+  # around it: DBRX's ``norm_attn_norm.attn.out_proj`` multiplies
+  if "norm" in vocabulary.own_words(c.name):
     return False
   # a table is named so by its own module: a linear layer inside an embedder (DiT's
   # ``t_embedder.mlp.2``, PixArt's ``timestep_embedder.linear_2``) multiplies

@@ -345,22 +345,28 @@ def _misoriented(
   """A hint that reads a linear weight against the orientation the evidence determines (a
   forgotten transpose on a square kernel loads silently wrong). The evidence: the config or
   the undecided ``[in, out]`` leaves' shapes for a ``kernel``/``w``; the other undecided
-  leaves' shapes for any other (a torch-style ``weight`` may be ``[out, in]``)."""
+  leaves' shapes for any other (a torch-style ``weight`` may be ``[out, in]``). A bare
+  stored parameter (DBRX's experts) is laid out as its author chose: only the bare ones
+  decided say it."""
   in_out = axes.in_out_leaf(name)
-  relation = axes.orientation(ck, name, decided=False)
-  if relation not in ("t", "same") or not evidence.linear_target(concepts(name), shape[-2:]):
+  if not evidence.linear_target(concepts(name), shape[-2:]):
     return None
   linear = [
     k
     for k in inference.source_keys(recipe)
     if k in ck.concepts and evidence.is_linear(ck.concepts[k], ck.shapes[k])
   ]
-  if not linear:
+  bare = {ck.concepts[k].bare for k in linear}
+  if len(bare) != 1:
+    return None
+  relation = axes.orientation(ck, name, decided=False, bare=bare.pop())
+  if relation not in ("t", "same"):
     return None
   transposed = _has_transpose(recipe)
   if transposed == (relation == "t"):
     return None
-  fix = "wrap it in R.transpose(..., (1, 0))" if relation == "t" else "drop the transpose"
+  turn = (*range(len(shape) - 2), len(shape) - 1, len(shape) - 2)
+  fix = f"wrap it in R.transpose(..., {turn})" if relation == "t" else "drop the transpose"
   how = "transposed" if transposed else "as stored"
   if in_out or ck.convention in ("t", "same"):
     stored = "[out, in]" if ck.convention == "t" else "[in, out]"

@@ -36,6 +36,7 @@ _PHRASES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
   (("densereludense", "wi_0"), ("mlp", "gate")),  # T5 v1.1
   (("densereludense", "wi_1"), ("mlp", "up")),
   (("densereludense", "wo"), ("mlp", "down")),
+  (("mlp", "v1"), ("mlp", "up")),  # DBRX's experts: mlp.w1 (gate), mlp.v1 (up), mlp.w2
   (("patch_embeddings", "projection"), ("patch", "embed")),  # ViT
   # haiku's MultiHeadAttention: query, key, value, then its output projection "linear"
   (("mha", "linear"), ("attn", "o")),
@@ -275,8 +276,25 @@ def names_a_table(name: str) -> bool:
     return True
   if last == "kernel":  # flax's Dense and Conv (an Embed's is ``embedding``): ALBERT's embed_proj
     return False
-  own = parts[-2] if last in _KIND_WORDS and len(parts) > 1 else last
-  return "embed" in _fold((own,), False)[0]
+  return "embed" in own_words(name)
+
+
+def own_words(name: str) -> frozenset[str]:
+  """The words of the module that holds a parameter (the parameter's own where it has no
+  kind word), not of the modules around it: DBRX's ``norm_attn_norm.attn.out_proj.weight``
+  is a projection in a block named for its norms.
+
+  Examples:
+    >>> "norm" in own_words("transformer.blocks.0.norm_attn_norm.attn.out_proj.weight")
+    False
+    >>> "norm" in own_words("layers_0/attn/q_norm/scale"), "norm" in own_words("final_norm")
+    (True, True)
+  """
+  parts = [p.lower() for p in components(name) if p and not p.isdigit()]
+  if not parts:
+    return frozenset()
+  own = parts[-2] if parts[-1] in _KIND_WORDS and len(parts) > 1 else parts[-1]
+  return _fold((own,), False)[0]
 
 
 # a sequential of the model's own, outside its layers: ``stem/0`` is the stem's first module,
