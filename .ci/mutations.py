@@ -958,6 +958,13 @@ MUTATIONS = (
     "",
     ("tests/test_match_unseen.py", "-k", "dbrx_maps"),
   ),
+  Mutation(
+    "GLM's fused gate_up layout is not known from its config",
+    "paramreg_jax/_src/match/config_facts.py",
+    '  "glm": "contiguous",  # gate_up_proj(x).chunk(2, dim=-1)',
+    "",
+    ("tests/test_match_unseen.py", "-k", "glm_fused"),
+  ),
 )
 
 

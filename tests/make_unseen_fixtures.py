@@ -5,7 +5,7 @@ BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, Re
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
 EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, a wav2vec 2.0 Conformer, RecurrentGemma
-(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, DBRX, and a diffusion VAE, UNet and
+(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, DBRX, GLM, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -556,7 +556,42 @@ def dbrx() -> None:
     print(name, "->", out)
 
 
-_FUNCTIONS = {"conv_transpose": conv_transpose, "gpt_oss_experts": gpt_oss_experts, "dbrx": dbrx}
+def glm() -> None:
+  """``glm/``: GLM at toy size (``save_pretrained``) and its first layer's MLP on an input
+  (``reference.npz``: ``x``, ``y``): ``gate_up_proj`` fused, ``[gate | up]`` by its code."""
+  import numpy as np
+
+  torch.manual_seed(0)
+  config = tf.GlmConfig(
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+    vocab_size=32,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+  )
+  model = tf.GlmForCausalLM(config).eval()
+  _randomize(model)
+  out = OUT / "glm"
+  out.mkdir(parents=True, exist_ok=True)
+  model.save_pretrained(out)
+  x = torch.randn(1, 5, 16)
+  with torch.no_grad():
+    y = model.model.layers[0].mlp(x)
+  np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
+  print("glm ->", out)
+
+
+_FUNCTIONS = {
+  "conv_transpose": conv_transpose,
+  "gpt_oss_experts": gpt_oss_experts,
+  "dbrx": dbrx,
+  "glm": glm,
+}
 
 
 def main(names: list[str]) -> None:

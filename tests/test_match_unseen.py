@@ -3624,3 +3624,45 @@ def test_dbrx_square_experts_are_asked_both_ways_and_a_line_computes_as_torch():
     (line,) = [x for x in lines if ("each transposed" in x) == turned]
     chosen |= uncommented(line)
   _dbrx_check(path, prj.restore(target, src, recipes=prj.match(target, src, hints=chosen)), expect)
+
+
+def _glm(c):
+  """A JAX port of GLM in flax auto-names: gate and up apart (``Dense_0``, ``Dense_1``), as
+  the hand conversion from GLM's code (``gate, up = gate_up_proj(x).chunk(2, -1)``)."""
+  p = {
+    "Embed_0": {"embedding": c["model.embed_tokens.weight"]},
+    "RMSNorm_0": {"scale": c["model.norm.weight"]},
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+  for i in range(2):
+    q = f"model.layers.{i}."
+    gate, up = np.split(c[q + "mlp.gate_up_proj.weight"], 2)
+    attn = {f"Dense_{j}": _linear(c, q + f"self_attn.{s}_proj") for j, s in enumerate("qkv")}
+    p[f"Block_{i}"] = {
+      "RMSNorm_0": {"scale": c[q + "input_layernorm.weight"]},
+      "RMSNorm_1": {"scale": c[q + "post_attention_layernorm.weight"]},
+      "Attention_0": {**attn, "Dense_3": _linear(c, q + "self_attn.o_proj")},
+      "Mlp_0": {
+        "gate": {"kernel": T(gate)},
+        "up": {"kernel": T(up)},
+        "down": {"kernel": T(c[q + "mlp.down_proj.weight"])},
+      },
+    }
+  return p
+
+
+def test_glm_fused_gate_up_is_split_as_its_config_says_and_computes_as_torch():
+  """GLM fuses gate and up ``[gate | up]``: known from its config's model type (before, the
+  layout was asked). Every leaf equals the hand conversion, and the MLP equals torch's."""
+  path = DATA / "glm"
+  expect = _glm(load_file(path / "model.safetensors"))
+  target = _target(expect)
+  src = prj.open_source(str(path))
+  m = prj.match(target, src)
+  _assert_restores(expect, target, src, m)
+  got = prj.restore(target, src, recipes=m)["Block_0"]
+  ref = np.load(path / "reference.npz")
+  mlp = got["Mlp_0"]
+  x = jnp.asarray(ref["x"][0])
+  y = (jax.nn.silu(x @ mlp["gate"]["kernel"]) * (x @ mlp["up"]["kernel"])) @ mlp["down"]["kernel"]
+  np.testing.assert_allclose(np.asarray(y), ref["y"][0], rtol=1e-5, atol=1e-5)

@@ -40,7 +40,13 @@ _QKV_LAYOUTS = {
 # input norm.
 _POST_NORM_TYPES = {"olmo2", "olmo3", "gemma2", "gemma3", "gemma3_text"}
 # [gate | up]; GPT-OSS's experts alternate them (its code reads gate_up[..., ::2], [..., 1::2])
-_GATE_UP_LAYOUTS = {"phi3": "contiguous", "modernbert": "contiguous", "gpt_oss": "interleaved"}
+_GATE_UP_LAYOUTS = {
+  "phi3": "contiguous",
+  "modernbert": "contiguous",
+  "glm": "contiguous",  # gate_up_proj(x).chunk(2, dim=-1)
+  "glm4": "contiguous",
+  "gpt_oss": "interleaved",
+}
 # Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
 # torch.nn.Linear ([out, in]).
 _CONV1D_TYPES = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"}
