@@ -870,8 +870,8 @@ MUTATIONS = (
   Mutation(
     "GPT-OSS's experts are read [gate | up]",
     "paramreg_jax/_src/match/config_facts.py",
-    '"gpt_oss": "interleaved"}',
-    '"gpt_oss": "contiguous"}',
+    '  "gpt_oss": "interleaved",',
+    '  "gpt_oss": "contiguous",',
     ("tests/test_match_hints.py", "-k", "gpt_oss"),
   ),
   Mutation(
