@@ -965,6 +965,13 @@ MUTATIONS = (
     "",
     ("tests/test_match_unseen.py", "-k", "glm_fused"),
   ),
+  Mutation(
+    "T5's d_kv is not its heads' width",
+    "paramreg_jax/_src/match/config_facts.py",
+    '  head_dim = _int(config, "head_dim", "kv_channels", "d_kv") or (',
+    '  head_dim = _int(config, "head_dim", "kv_channels") or (',
+    ("tests/test_match_layouts.py", "-k", "d_kv"),
+  ),
 )
 
 

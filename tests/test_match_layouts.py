@@ -1062,6 +1062,27 @@ def test_heads_split_otherwise_than_the_config_says_is_refused_with_the_counts()
   assert e.value.partial.proposals  # the rest was matched
 
 
+def test_t5s_head_width_is_its_d_kv_not_d_model_over_heads():
+  """T5's heads are ``d_kv`` wide, whatever ``d_model / num_heads`` is (t5-11b: 128 heads of
+  128 over 1024). Read as 16 / 4, no split of the 32 rows was checked: a target of 8 heads
+  of 4 restored every value and computed another attention."""
+  ck = {f"encoder.block.0.layer.0.SelfAttention.{n}.weight": _rand(32, 16) for n in ("q", "k", "v")}
+  ck["encoder.block.0.layer.0.SelfAttention.o.weight"] = _rand(16, 32)
+  config = {"model_type": "t5", "num_heads": 4, "d_model": 16, "d_kv": 8}
+
+  def target(h, d):
+    attn = {n: {"kernel": _sds(16, h, d)} for n in ("query", "key", "value")}
+    return {"encoder": {"layers_0": {"attention": {**attn, "out": {"kernel": _sds(h, d, 16)}}}}}
+
+  m = prj.match(target(4, 8), MemorySource(ck), config=config)
+  q = _restored(target(4, 8), MemorySource(ck), m)["encoder/layers_0/attention/query/kernel"]
+  np.testing.assert_array_equal(
+    q, ck["encoder.block.0.layer.0.SelfAttention.q.weight"].T.reshape(16, 4, 8)
+  )
+  with pytest.raises(prj.MatchError, match="into 8 heads of 4; the config says 4 heads of 8"):
+    prj.match(target(8, 4), MemorySource(ck), config=config)
+
+
 def test_a_heads_split_without_a_config_or_by_a_hint_is_the_users():
   """Without a config nothing says the heads: the split the target keeps is taken. A hint
   naming the tensor is the user's word, as the refusal says."""

@@ -130,7 +130,8 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
       qkv, kv = "contiguous", 1
     else:
       qkv, kv = "per_head", heads
-  head_dim = _int(config, "head_dim", "kv_channels") or (
+  # T5's d_kv: its heads' width need not be d_model / heads (t5-11b: 128 heads of 128 over 1024)
+  head_dim = _int(config, "head_dim", "kv_channels", "d_kv") or (
     hidden // heads if hidden and heads else None
   )
   tied = config.get("tie_word_embeddings")
