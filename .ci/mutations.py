@@ -972,6 +972,13 @@ MUTATIONS = (
     '  head_dim = _int(config, "head_dim", "kv_channels") or (',
     ("tests/test_match_layouts.py", "-k", "d_kv"),
   ),
+  Mutation(
+    "an encoder-decoder's per-stack head counts are not read",
+    "paramreg_jax/_src/match/config_facts.py",
+    "    heads = encoder if decoder in (None, encoder) else None",
+    "    heads = None",
+    ("tests/test_match_layouts.py", "-k", "per_stack"),
+  ),
 )
 
 

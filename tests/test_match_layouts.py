@@ -1083,6 +1083,27 @@ def test_t5s_head_width_is_its_d_kv_not_d_model_over_heads():
     prj.match(target(8, 4), MemorySource(ck), config=config)
 
 
+@pytest.mark.parametrize("decoder_heads", [4, 2])
+def test_bart_and_whisper_say_their_heads_per_stack(decoder_heads):
+  """BART, Whisper and Marian give ``encoder_attention_heads`` and
+  ``decoder_attention_heads``, no ``num_attention_heads``: nothing was checked. Where the
+  two agree, that is the count; where they differ, no one count is said (nothing refused)."""
+  ck = {f"model.encoder.layers.0.self_attn.{n}_proj.weight": _rand(16, 16) for n in "qkv"}
+  config = {
+    "model_type": "bart",
+    "d_model": 16,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": decoder_heads,
+  }
+  attn = {n: {"kernel": _sds(16, 8, 2)} for n in ("q", "k", "v")}  # 8 heads of 2
+  target = {"encoder": {"layers_0": {"self_attn": attn}}}
+  if decoder_heads == 2:
+    prj.match(target, MemorySource(ck), config=config)
+    return
+  with pytest.raises(prj.MatchError, match="into 8 heads of 2; the config says 4 heads of 4"):
+    prj.match(target, MemorySource(ck), config=config)
+
+
 def test_a_heads_split_without_a_config_or_by_a_hint_is_the_users():
   """Without a config nothing says the heads: the split the target keeps is taken. A hint
   naming the tensor is the user's word, as the refusal says."""

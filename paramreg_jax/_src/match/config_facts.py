@@ -120,6 +120,9 @@ def facts_from_config(config: Mapping[str, Any] | None) -> Facts:
   if not isinstance(model_type, str):
     return Facts(foreign=bool(config))
   heads = _int(config, "num_attention_heads", "n_head", "n_heads", "num_heads")
+  if heads is None:  # BART, Whisper, Marian: each stack's own count, said where they agree
+    encoder, decoder = (_int(config, f"{s}_attention_heads") for s in ("encoder", "decoder"))
+    heads = encoder if decoder in (None, encoder) else None
   hidden = _int(config, "hidden_size", "n_embd", "d_model", "dim")
   kv = _int(config, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads
   qkv = _QKV_LAYOUTS.get(model_type)
