@@ -531,8 +531,6 @@ def dbrx() -> None:
   feed-forward on an input (``reference.npz``: ``x``, ``y``). Its experts are flattened
   ``[E * I, D]`` bare parameters: ``w1`` (gate) and ``v1`` (up) ``[out, in]`` per expert,
   ``w2`` (down) ``[in, out]``; ``square`` has the expert width equal to the hidden size."""
-  import numpy as np
-
   for name, width in (("dbrx", 12), ("dbrx_square", 16)):
     torch.manual_seed(0)
     config = tf.DbrxConfig(
@@ -546,21 +544,12 @@ def dbrx() -> None:
     )
     model = tf.DbrxForCausalLM(config).eval()
     _randomize(model)
-    out = OUT / name
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    x = torch.randn(1, 5, 16)
-    with torch.no_grad():
-      y = model.transformer.blocks[0].ffn(x)
-    np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
-    print(name, "->", out)
+    _pretrained(name, model, model.transformer.blocks[0].ffn, 16)
 
 
 def glm() -> None:
   """``glm/``: GLM at toy size (``save_pretrained``) and its first layer's MLP on an input
   (``reference.npz``: ``x``, ``y``): ``gate_up_proj`` fused, ``[gate | up]`` by its code."""
-  import numpy as np
-
   torch.manual_seed(0)
   config = tf.GlmConfig(
     hidden_size=16,
@@ -576,14 +565,22 @@ def glm() -> None:
   )
   model = tf.GlmForCausalLM(config).eval()
   _randomize(model)
-  out = OUT / "glm"
+  _pretrained("glm", model, model.model.layers[0].mlp, 16)
+
+
+def _pretrained(name: str, model: torch.nn.Module, block: torch.nn.Module, width: int) -> None:
+  """``model`` under ``name/`` as ``save_pretrained`` writes it, and ``block``'s output on a
+  random ``[1, 5, width]`` input (``reference.npz``: ``x``, ``y``)."""
+  import numpy as np
+
+  out = OUT / name
   out.mkdir(parents=True, exist_ok=True)
   model.save_pretrained(out)
-  x = torch.randn(1, 5, 16)
+  x = torch.randn(1, 5, width)
   with torch.no_grad():
-    y = model.model.layers[0].mlp(x)
+    y = block(x)
   np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
-  print("glm ->", out)
+  print(name, "->", out)
 
 
 _FUNCTIONS = {
