@@ -979,6 +979,13 @@ MUTATIONS = (
     "    heads = None",
     ("tests/test_match_layouts.py", "-k", "per_stack"),
   ),
+  Mutation(
+    "a sequential's item is named by its sequential",
+    "paramreg_jax/_src/match/vocabulary.py",
+    "  words = [p.lower() for p in components(name) if p]  # an item's own word is its number",
+    "  words = [p.lower() for p in components(name) if p and not p.isdigit()]",
+    ("tests/test_match_layouts.py", "-k", "inside_an_embedder"),
+  ),
 )
 
 

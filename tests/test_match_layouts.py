@@ -978,29 +978,32 @@ def test_a_1x1_conv_is_a_linear_weight_oriented_by_the_leafs_own_word(rank):
     np.testing.assert_array_equal(np.asarray(got["conv"]["pointwise_conv1"][leaf]), want_up)
 
 
-def test_a_square_linear_inside_an_embedder_is_oriented_like_any_linear():
-  """``time_embedder/linear_2`` is a linear layer of the time embedding, not a lookup table:
-  its square kernel is transposed like the rest (read as a table, it loaded as stored, a
-  wrong weight with no error)."""
+@pytest.mark.parametrize("linears", [("linear_1", "linear_2"), ("0", "2")])
+def test_a_square_linear_inside_an_embedder_is_oriented_like_any_linear(linears):
+  """``time_embedder/linear_2`` (diffusers) and ``time_embedder/2`` (LDM's ``time_embed``
+  sequential) are linear layers of the time embedding, not lookup tables: a square kernel
+  is transposed like the rest (read as a table, it loaded as stored, a wrong weight with no
+  error)."""
   r = np.random.default_rng(6)
   w1 = r.standard_normal((16, 8)).astype(np.float32)  # [out, in]: says the checkpoint's layout
   w2 = r.standard_normal((16, 16)).astype(np.float32)
   table = r.standard_normal((10, 16)).astype(np.float32)
+  first, second = linears
   src = prj.MemorySource(
     {
-      "emb.time_embedder.linear_1.weight": w1,
-      "emb.time_embedder.linear_2.weight": w2,
+      f"emb.time_embedder.{first}.weight": w1,
+      f"emb.time_embedder.{second}.weight": w2,
       "emb.embed_tokens.weight": table,
     }
   )
   target = {
     "emb": {
-      "time_embedder": {f"linear_{j}": {"kernel": _sds(w.T.shape)} for j, w in ((1, w1), (2, w2))},
+      "time_embedder": {n: {"kernel": _sds(w.T.shape)} for n, w in ((first, w1), (second, w2))},
       "embed_tokens": {"embedding": _sds(table.shape)},
     }
   }
   got = prj.restore(target, src, recipes=prj.match(target, src))
-  np.testing.assert_array_equal(np.asarray(got["emb"]["time_embedder"]["linear_2"]["kernel"]), w2.T)
+  np.testing.assert_array_equal(np.asarray(got["emb"]["time_embedder"][second]["kernel"]), w2.T)
   np.testing.assert_array_equal(np.asarray(got["emb"]["embed_tokens"]["embedding"]), table)
 
 

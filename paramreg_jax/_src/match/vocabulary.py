@@ -282,18 +282,21 @@ def names_a_table(name: str) -> bool:
 def own_words(name: str) -> frozenset[str]:
   """The words of the module that holds a parameter (the parameter's own where it has no
   kind word), not of the modules around it: DBRX's ``norm_attn_norm.attn.out_proj.weight``
-  is a projection in a block named for its norms.
+  is a projection in a block named for its norms. A sequential's item is its number, not its
+  sequential (LDM's ``time_embed.0.weight`` is a linear layer of the time embedding).
 
   Examples:
     >>> "norm" in own_words("transformer.blocks.0.norm_attn_norm.attn.out_proj.weight")
     False
     >>> "norm" in own_words("layers_0/attn/q_norm/scale"), "norm" in own_words("final_norm")
     (True, True)
+    >>> "embed" in own_words("time_embed.0.weight")
+    False
   """
-  parts = [p.lower() for p in components(name) if p and not p.isdigit()]
-  if not parts:
+  words = [p.lower() for p in components(name) if p]  # an item's own word is its number
+  if not words:
     return frozenset()
-  own = parts[-2] if parts[-1] in _KIND_WORDS and len(parts) > 1 else parts[-1]
+  own = words[-2] if words[-1] in _KIND_WORDS and len(words) > 1 else words[-1]
   return _fold((own,), False)[0]
 
 
