@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
+from paramreg_jax._src.match import candidates
 from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
@@ -97,6 +98,20 @@ def test_fused_parts_of_unknown_orientation_are_refused():
   target = {"h_0": {"attn": {n: {"weight": _sds(4, 4)} for n in "qkv"}}}
   with pytest.raises(prj.MatchError, match=r"whether the parts are \[in, out\] or \[out, in\]"):
     prj.match(target, MemorySource(ck))
+
+
+def test_a_square_weight_is_read_both_ways_or_not_at_all():
+  """A square ``[n, n]`` linear weight may be ``[out, in]`` or ``[in, out]``: every way it
+  becomes a leaf of any shape has its other orientation beside it, so only evidence can
+  choose (a reading with no mirror is taken whenever nothing orients the checkpoint: a
+  guess). Every 2- and 3-axis leaf of as many values, for five sizes."""
+  turned = {"t", "t+heads", "heads+t"}  # the readings that transpose it (candidates._oriented)
+  sizes = range(1, 17)
+  for n in (4, 6, 8, 12, 16):
+    shapes = [(a, b, c) for a in sizes for b in sizes for c in sizes if a * b * c == n * n]
+    for shape in [(n, n), *shapes]:
+      hows = {how for how, _ in candidates._layouts((n, n), shape, True)}
+      assert not hows or (hows & turned and hows - turned), (n, shape, hows)
 
 
 def _moe(e, d, i):
