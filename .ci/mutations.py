@@ -911,9 +911,9 @@ MUTATIONS = (
   ),
   Mutation(
     "a fused tensor's parts may be cut along its experts axis",
-    "paramreg_jax/_src/match/fused.py",
-    "      at = [a for a in range(max(rank - 2, 0), rank) if stored[a] == sum(widths)]",
-    "      at = [a for a in range(rank) if stored[a] == sum(widths)][:1]",
+    "paramreg_jax/_src/match/candidates.py",
+    "  return [a for a in range(max(len(stored) - 2, 0), len(stored)) if stored[a] == width]",
+    "  return [a for a in range(len(stored)) if stored[a] == width][:1]",
     ("tests/test_match_layouts.py", "-k", "fused_experts"),
   ),
   Mutation(

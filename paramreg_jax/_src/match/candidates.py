@@ -191,7 +191,7 @@ def _expert_part(tc: Concepts, shape: tuple[int, ...], key: str, axis: int, ck: 
   stored = ck.shapes[key]
   width = shape[-1]  # the part's output size ([in, out] target)
   if axis == FUSED_AXIS_BY_WIDTHS:
-    tiled = [a for a in (1, 2) if stored[a] == 2 * width]
+    tiled = out_axes_of_width(stored, 2 * width)
     axis = tiled[0] if len(tiled) == 1 else axis
   if len(part) != 1 or axis == FUSED_AXIS_BY_WIDTHS or stored[axis] != 2 * width:
     return None
@@ -510,6 +510,14 @@ def _heads_permuted(
 
 # a fused [out, in] or [in, out] weight of unknown convention: its parts' widths say the axis
 FUSED_AXIS_BY_WIDTHS = -1
+
+
+def out_axes_of_width(stored: tuple[int, ...], width: int) -> list[int]:
+  """The axes a fused tensor's parts, ``width`` wide in all, may be cut along: those of its
+  last two (``[.., out, in]`` or ``[.., in, out]``; experts and layers stay whole) that are
+  ``width`` long. Two are a question, never a pick."""
+  return [a for a in range(max(len(stored) - 2, 0), len(stored)) if stored[a] == width]
+
 
 _REASONS = {
   "same": "name",

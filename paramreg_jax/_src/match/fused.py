@@ -17,6 +17,7 @@ from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints
 from paramreg_jax._src.match.candidates import FUSED_AXIS_BY_WIDTHS
 from paramreg_jax._src.match.candidates import FUSED_PARTS
+from paramreg_jax._src.match.candidates import out_axes_of_width
 from paramreg_jax._src.match.proposal import Proposal
 from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.match.refusal import Choice
@@ -173,8 +174,8 @@ def _geometry(
       at = [rank - 2 if out_first == (flip == "same") else rank - 1]
     elif axis != FUSED_AXIS_BY_WIDTHS:  # the stored layout is known; the part's is not
       at = [axis]
-    else:  # nothing known: an out axis the parts tile ([.., out, in] or [.., in, out])
-      at = [a for a in range(max(rank - 2, 0), rank) if stored[a] == sum(widths)]
+    else:  # nothing known: an out axis the parts tile
+      at = out_axes_of_width(stored, sum(widths))
     tried.append((widths, at[0] if at else axis))
     for a in at:
       if stored[a] == sum(widths) and (axis == FUSED_AXIS_BY_WIDTHS or a == axis):
