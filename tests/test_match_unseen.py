@@ -2714,11 +2714,13 @@ def _target(expect):
 
 
 def _assert_restores(expect, target, src, m):
+  """Restores ``m`` and checks every leaf against ``expect``; returns what it restored."""
   got = prj.restore(target, src, recipes=m)
   flat = jax.tree_util.tree_flatten_with_path(expect)[0]
   assert len(flat) == len(jax.tree.leaves(got))
   for (path, want), leaf in zip(flat, jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(path))
+  return got
 
 
 @pytest.mark.parametrize("case", sorted(MAPPED))
@@ -3571,29 +3573,27 @@ def _dbrx_ffn(block, x, top_k=2):
   return jnp.einsum("te,ted->td", weights, out)
 
 
-def _dbrx_check(path, params, expect):
-  for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    want = expect
-    for k in p:
-      want = want[k.key]
-    np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(p))
+def _dbrx_check(path, target, src, m, expect):
+  """Every leaf the hand conversion, and the first block's feed-forward torch's output."""
+  params = _assert_restores(expect, target, src, m)
   ref = np.load(path / "reference.npz")
   y = _dbrx_ffn(params["blocks_0"]["ffn"], jnp.asarray(ref["x"][0]))
   np.testing.assert_allclose(np.asarray(y), ref["y"][0], rtol=1e-5, atol=1e-5)
 
 
 def test_dbrx_maps_with_no_hint_and_its_experts_compute_as_torch():
-  """Four things DBRX does its own way, each read from evidence that holds for any model: its
-  attention's ``out_proj`` sits in a block named ``norm_attn_norm`` (it was read as a norm and
-  taken untransposed: no error); its experts are ``[E * I, D]``, gate and up split per expert
-  and transposed (no reading did that: refused), down split as it is; ``v1`` is the up
-  projection beside ``mlp.w1``; its ``Wqkv`` is ``[q | k | v]`` (its config's model type).
-  Every leaf equals the hand conversion, and the feed-forward equals torch's."""
+  """Four things DBRX does its own way. Two are read from evidence that holds for any model:
+  its attention's ``out_proj`` sits in a block named ``norm_attn_norm`` (it was read as a
+  norm and taken untransposed: no error); its experts are ``[E * I, D]``, gate and up split
+  per expert and transposed (no reading did that: refused), down split as it is. Two are
+  DBRX's own words, in the tables: ``v1`` is the up projection beside ``mlp.w1``, and its
+  ``Wqkv`` is ``[q | k | v]`` (its config's model type). Every leaf equals the hand
+  conversion, and the feed-forward equals torch's."""
   path = DATA / "dbrx"
   expect = _dbrx(load_file(path / "model.safetensors"))
   target = _target(expect)
   src = prj.open_source(str(path))
-  _dbrx_check(path, prj.restore(target, src, recipes=prj.match(target, src)), expect)
+  _dbrx_check(path, target, src, prj.match(target, src), expect)
 
 
 def test_dbrx_square_experts_are_asked_both_ways_and_a_line_computes_as_torch():
@@ -3623,7 +3623,7 @@ def test_dbrx_square_experts_are_asked_both_ways_and_a_line_computes_as_torch():
     assert len(lines) == 2, lines  # both readings offered
     (line,) = [x for x in lines if ("each transposed" in x) == turned]
     chosen |= uncommented(line)
-  _dbrx_check(path, prj.restore(target, src, recipes=prj.match(target, src, hints=chosen)), expect)
+  _dbrx_check(path, target, src, prj.match(target, src, hints=chosen), expect)
 
 
 def _glm(c):
@@ -3658,9 +3658,7 @@ def test_glm_fused_gate_up_is_split_as_its_config_says_and_computes_as_torch():
   expect = _glm(load_file(path / "model.safetensors"))
   target = _target(expect)
   src = prj.open_source(str(path))
-  m = prj.match(target, src)
-  _assert_restores(expect, target, src, m)
-  got = prj.restore(target, src, recipes=m)["Block_0"]
+  got = _assert_restores(expect, target, src, prj.match(target, src))["Block_0"]
   ref = np.load(path / "reference.npz")
   mlp = got["Mlp_0"]
   x = jnp.asarray(ref["x"][0])
