@@ -467,7 +467,7 @@ MUTATIONS = (
   ),
   Mutation(
     "a square 1x1 conv also read as a reshape",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "_reshapes(src, dst) and not out and not pointwise:",
     "_reshapes(src, dst) and not pointwise:",
     ("tests/test_match_layouts.py", "-k", "1x1"),
@@ -491,14 +491,14 @@ MUTATIONS = (
   # not, so no fixture can tell those closure defects apart any more)
   Mutation(
     "a square 1x1 conv read as a linear weight by a reshape, as stored",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "_reshapes(src, dst) and not out and not pointwise:",
     "_reshapes(src, dst) and not out:",
     ("tests/test_match_layouts.py", "-k", "1x1"),
   ),
   Mutation(
     "a 1x1 conv's linear weight oriented without the leaf's word",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "  if leaf in IN_OUT_LEAVES and shape == (i, o):\n",
     "  if shape == (i, o):\n",
     ("tests/test_match_layouts.py", "-k", "1x1"),
@@ -527,13 +527,13 @@ MUTATIONS = (
   Mutation(
     "a 1x1 conv never a linear weight",
     "paramreg_jax/_src/match/candidates.py",
-    "  if not out and (pointwise := _pointwise(tc, sshape, shape)) is not None:\n",
-    "  if False and (pointwise := _pointwise(tc, sshape, shape)) is not None:\n",
+    "  if not out and (pointwise := layouts.pointwise(tc, sshape, shape)) is not None:\n",
+    "  if False and (pointwise := layouts.pointwise(tc, sshape, shape)) is not None:\n",
     ("tests/test_match_unseen.py", "-k", "conformer_praxis"),
   ),
   Mutation(
     "a depthwise conv never kept as [K, C]",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "  if len(src) == 3 and src[1] == 1 and dst == (src[2], src[0]) and src[0] != src[2]:\n",
     "  if False:\n",
     ("tests/test_match_unseen.py", "-k", "recurrent_gemma"),
@@ -848,14 +848,14 @@ MUTATIONS = (
   ),
   Mutation(
     "a square relative-position table is read as stored",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "  return relative and not embed\n",
     "  return False\n",
     ("tests/test_match_t5.py", "-k", "square"),
   ),
   Mutation(
     "a square table in an Embed module is asked too",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "  return relative and not embed\n",
     "  return relative\n",
     ("tests/test_match_t5.py", "-k", "square"),
@@ -890,7 +890,7 @@ MUTATIONS = (
   ),
   Mutation(
     "a transposed convolution's kernel is not flipped",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "        r = ops.select(r, Indices(axis, tuple(range(size - 1, -1, -1))))",
     "        pass",
     ("tests/test_match_unseen.py", "-k", "transposed_convolution"),
@@ -932,14 +932,14 @@ MUTATIONS = (
   ),
   Mutation(
     "flattened experts are never split and transposed per expert",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     '      out.append(("heads+t", lambda r: ops.transpose(ops.reshape(r, split), (0, 2, 1))))',
     "      pass",
     ("tests/test_match_unseen.py", "-k", "dbrx"),
   ),
   Mutation(
     "a square tensor is split on one axis whatever its orientation",
-    "paramreg_jax/_src/match/candidates.py",
+    "paramreg_jax/_src/match/layouts.py",
     "    square = len(dst) == 3 and src[0] == src[1] and dst[1] != dst[2]",
     "    square = False",
     ("tests/test_match_refusals.py", "-k", "rearrangement_fits"),

@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 
 import paramreg_jax as prj
 from paramreg_jax import MemorySource
-from paramreg_jax._src.match import candidates
+from paramreg_jax._src.match import layouts
 from paramreg_jax._src.match import stacks
 from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.vocabulary import concepts
@@ -105,12 +105,12 @@ def test_a_square_weight_is_read_both_ways_or_not_at_all():
   becomes a leaf of any shape has its other orientation beside it, so only evidence can
   choose (a reading with no mirror is taken whenever nothing orients the checkpoint: a
   guess). Every 2- and 3-axis leaf of as many values, for five sizes."""
-  turned = {"t", "t+heads", "heads+t"}  # the readings that transpose it (candidates._oriented)
+  turned = {"t", "t+heads", "heads+t"}  # the readings that transpose it (layouts.oriented)
   sizes = range(1, 17)
   for n in (4, 6, 8, 12, 16):
     shapes = [(a, b, c) for a in sizes for b in sizes for c in sizes if a * b * c == n * n]
     for shape in [(n, n), *shapes]:
-      hows = {how for how, _ in candidates._layouts((n, n), shape, True)}
+      hows = {how for how, _ in layouts.readings((n, n), shape, True)}
       assert not hows or (hows & turned and hows - turned), (n, shape, hows)
 
 

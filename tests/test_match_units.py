@@ -14,6 +14,7 @@ from paramreg_jax._src.match import coherence
 from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
+from paramreg_jax._src.match import layouts as layouts_lib
 from paramreg_jax._src.match import numbering
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match.vocabulary import concepts
@@ -110,7 +111,7 @@ def test_the_router_beside_fused_experts_and_olmo2s_post_norm_take_their_roles()
   ],
 )
 def test_a_tensor_takes_the_layouts_its_shape_allows(src, dst, how):
-  layouts = dict(cand_lib._layouts(src, dst, linear=True))
+  layouts = dict(layouts_lib.readings(src, dst, linear=True))
   assert how in layouts
 
 

@@ -16,9 +16,10 @@ the concept (data flows down the list):
    target's own shapes; ``stacks``: which target subtrees stack the checkpoint's layers, on
    which axis, and every way stacks that split the layers may hold them (``shares``
    chooses one, or asks).
-3. ``candidates``: the tensors a layout change can turn into each target: the same shape, a
-   transpose, heads split or merged, a conv kernel, one part of a fused tensor, the parts
-   joined, each stacked over layers (and experts).
+3. ``candidates``: the tensors a layout change can turn into each target: one tensor in a
+   reading ``layouts`` allows its orientation (the same shape, a transpose, heads split or
+   merged, a conv kernel), one part of a fused tensor, the parts joined, each stacked over
+   layers (and experts).
 4. ``decide`` (with ``coherence``): **it never guesses**. A target gets a tensor only when
    that tensor is its single best candidate, or its decided siblings (one target module comes
    from one checkpoint module) or the other layers (a choice holds in every layer) single it

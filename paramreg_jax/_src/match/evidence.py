@@ -71,7 +71,7 @@ class Checkpoint:
   # ``layers_remainder/layers_{r}``: the layers after the pattern's blocks)
   layer_at: dict[str, int] = dataclasses.field(default_factory=dict)
   # ``{target kernel: transpose_kernel}`` of an NNX target's ``nnx.ConvTranspose`` modules:
-  # how each applies its kernel (``candidates._conv_transpose``)
+  # how each applies its kernel (``layouts.conv_transpose``)
   transposed_convs: dict[str, bool] = dataclasses.field(default_factory=dict)
 
   def restricted(self, keys: set[str]) -> Checkpoint:
