@@ -986,6 +986,21 @@ MUTATIONS = (
     "  words = [p.lower() for p in components(name) if p and not p.isdigit()]",
     ("tests/test_match_layouts.py", "-k", "inside_an_embedder"),
   ),
+  Mutation(
+    "a tensor merged into a square linear leaf is read as stored only",
+    "paramreg_jax/_src/match/layouts.py",
+    '      return how == "heads" and (dst[0] != dst[1] or convention == "same")\n    return True\n',
+    '      return how == "heads" and (dst[0] != dst[1] or convention == "same")\n'
+    '    return how == "heads"\n',
+    ("tests/test_match_layouts.py", "-k", "einsum or both_ways"),
+  ),
+  Mutation(
+    "a conv kernel merged into a square linear leaf whatever its orientation",
+    "paramreg_jax/_src/match/layouts.py",
+    '      return how == "heads" and (dst[0] != dst[1] or convention == "same")\n',
+    '      return how == "heads"\n',
+    ("tests/test_match_layouts.py", "-k", "conv_kernel_merged"),
+  ),
 )
 
 

@@ -104,7 +104,8 @@ def test_a_square_weight_is_read_both_ways_or_not_at_all():
   """A square ``[n, n]`` linear weight may be ``[out, in]`` or ``[in, out]``: every way it
   becomes a leaf of any shape has its other orientation beside it, so only evidence can
   choose (a reading with no mirror is taken whenever nothing orients the checkpoint: a
-  guess). Every 2- and 3-axis leaf of as many values, for five sizes."""
+  guess). Every 2- and 3-axis leaf of as many values, for five sizes; and every 3-axis
+  tensor merged into a square leaf (its input axis is its author's choice)."""
   turned = {"t", "t+heads", "heads+t"}  # the readings that transpose it (layouts.oriented)
   sizes = range(1, 17)
   for n in (4, 6, 8, 12, 16):
@@ -112,6 +113,9 @@ def test_a_square_weight_is_read_both_ways_or_not_at_all():
     for shape in [(n, n), *shapes]:
       hows = {how for how, _ in layouts.readings((n, n), shape, True)}
       assert not hows or (hows & turned and hows - turned), (n, shape, hows)
+    for stored in shapes:  # and a tensor of three axes merged into it (an einsum's)
+      hows = {how for how, _ in layouts.readings(stored, (n, n), False)}
+      assert hows in (set(), {"heads", "heads-t"}), (stored, n, hows)
 
 
 def _moe(e, d, i):
@@ -1136,3 +1140,103 @@ def test_a_heads_split_without_a_config_or_by_a_hint_is_the_users():
   np.testing.assert_array_equal(
     np.asarray(got["layers_0"]["attn"]["q"]["kernel"]), wrong["layers_0"]["attn"]["q"]["kernel"]
   )
+
+
+# --- a tensor of three or more axes merged into one linear leaf ---------------------------------
+
+
+def _funnel(d, heads, head_dim):
+  """Funnel's attention: torch ``[out, in]`` projections and ``r_kernel`` ``[d, heads,
+  head_dim]``, an einsum's parameter kept input first (``einsum("nd,dhf->nhf", r,
+  r_kernel)``); and a torch-style target whose ``r_proj`` is a linear ``[out, in]`` weight."""
+  a = "encoder.layers.0.attention."
+  ck = {a + f"{n}_head.weight": _rand(d, d) for n in "qkv"}
+  ck[a + "post_proj.weight"] = _rand(d, d)
+  ck[a + "r_kernel"] = _rand(d, heads, head_dim)
+  attn = {n: {"weight": _sds(d, d)} for n in ("q_head", "k_head", "v_head", "post_proj")}
+  attn["r_proj"] = {"weight": _sds(heads * head_dim, d)}
+  # a linear weight that is not square: it says the target keeps them [out, in]
+  ck["encoder.layers.0.ffn.linear_1.weight"] = _rand(2 * d, d)
+  ffn = {"linear_1": {"weight": _sds(2 * d, d)}}
+  return ck, {"layers_0": {"attention": attn, "ffn": ffn}}
+
+
+def _funnel_forward(r_kernel, weight):
+  """The projection Funnel computes with ``r_kernel``, and the one the target's ``[out, in]``
+  ``weight`` computes, on the same positions."""
+  r = np.random.default_rng(1).standard_normal((5, r_kernel.shape[0])).astype(np.float32)
+  heads = np.einsum("nd,dhf->nhf", r, r_kernel).reshape(5, -1)
+  return heads, r @ np.asarray(weight).T
+
+
+@pytest.mark.parametrize("config", [None, {"model_type": "funnel"}])
+def test_an_einsum_parameter_merged_into_a_square_linear_leaf_is_asked_both_ways(config):
+  """Funnel's ``r_kernel`` ``[32, 4, 8]`` merged into a square ``[32, 32]`` linear weight fits
+  as stored or transposed, and nothing says which of its axes is the input (torch's linear
+  weights are output first; this einsum's parameter is input first): it was merged as
+  stored, the transpose of the true weight, with no error. Both readings are offered, the
+  true one among them, and nothing else of the layer is held back."""
+  ck, target = _funnel(32, 4, 8)
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck), config=config)
+  (problem,) = info.value.problems
+  assert problem.targets == ("layers_0/attention/r_proj/weight",)
+  r_kernel = ck["encoder.layers.0.attention.r_kernel"]
+  (choices,) = problem.choices.values()
+  merged = [
+    c.hint
+    for c in choices
+    if isinstance(c.hint, prj.recipes.Recipe)
+    and set(prj.recipes.source_keys(c.hint)) == {"encoder.layers.0.attention.r_kernel"}
+  ]
+  assert len(merged) == 2
+  right = [
+    r
+    for r in merged
+    if np.allclose(*_funnel_forward(r_kernel, prj.recipes.evaluate(r, MemorySource(ck))))
+  ]
+  assert len(right) == 1
+  assert "layers_0/attention/r_proj/weight" not in dict(info.value.partial.items())
+  hints = {"layers_0/attention/r_proj/weight": right[0]}
+  m = prj.match(target, MemorySource(ck), config=config, hints=hints)
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]["attention"]
+  np.testing.assert_allclose(*_funnel_forward(r_kernel, got["r_proj"]["weight"]), rtol=1e-5)
+
+
+def test_an_einsum_parameter_merged_into_a_transposed_leaf_of_other_shape_maps():
+  """Where the leaf is not square only one reading fits: ``[16, 4, 8]`` into ``[32, 16]``
+  is the heads merged, then transposed (there was no such reading: refused)."""
+  ck, target = _funnel(16, 4, 8)
+  for n in ("q_head", "k_head", "v_head", "post_proj"):
+    ck[f"encoder.layers.0.attention.{n}.weight"] = _rand(16, 16)
+    target["layers_0"]["attention"][n]["weight"] = _sds(16, 16)
+  m = prj.match(target, MemorySource(ck))
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]["attention"]
+  r_kernel = ck["encoder.layers.0.attention.r_kernel"]
+  np.testing.assert_allclose(*_funnel_forward(r_kernel, got["r_proj"]["weight"]), rtol=1e-5)
+
+
+def _patch_conv(d, channels, patch, leaf):
+  """A ViT's patch embedding (a torch conv ``[d, C, p, p]``, ``C * p * p == d``) as one linear
+  leaf over flattened patches, beside a linear layer whose shape says how the target keeps
+  its linear weights (``kernel`` ``[in, out]``, or ``weight`` ``[out, in]``)."""
+  ck = {"patch.proj.weight": _rand(d, channels, patch, patch), "head.weight": _rand(8, d)}
+  fc = (d, 8) if leaf == "kernel" else (8, d)
+  return ck, {"patch": {"proj": {leaf: _sds(d, d)}}, "head": {leaf: _sds(*fc)}}
+
+
+def test_a_conv_kernel_merged_into_a_square_linear_leaf_is_read_only_as_torch_flattens_it():
+  """A conv's ``[out, in, h, w]`` merged into a square leaf: a torch-style ``[out, in]``
+  weight over patches flattened as torch does (channels, then rows and columns) is the
+  kernel reshaped, and a conv applied to one patch equals it. A ``[in, out]`` kernel of the
+  same shape was given the same reshape (the transpose of the true weight, no error); it
+  is not the conv's layout in any flattening match can know, so it is not offered."""
+  ck, target = _patch_conv(12, 3, 2, "weight")
+  m = prj.match(target, MemorySource(ck))
+  weight = np.asarray(prj.restore(target, MemorySource(ck), recipes=m)["patch"]["proj"]["weight"])
+  patch = np.random.default_rng(2).standard_normal((3, 2, 2)).astype(np.float32)
+  conv = np.einsum("ochw,chw->o", ck["patch.proj.weight"], patch)
+  np.testing.assert_allclose(weight @ patch.ravel(), conv, rtol=1e-5)
+  ck, target = _patch_conv(12, 3, 2, "kernel")
+  with pytest.raises(prj.MatchError, match="patch/proj/kernel"):
+    prj.match(target, MemorySource(ck))

@@ -310,7 +310,7 @@ def _single(
       continue  # an embedding read transposed is a tied head: the config says there is none
     if transposed_conv and how.startswith("conv"):
       continue  # its kernel is [in, out, ...], not [out, in, ...]: below
-    if layouts.oriented(how, relation, tc, sc, sshape):
+    if layouts.oriented(how, relation, tc, sc, sshape, shape):
       out.append(_read(score, key, layouts.REASONS[how], build))
   if transposed_conv:
     out.extend(_read(score, key, why, b) for why, b in layouts.conv_transpose(sshape, shape, flag))

@@ -74,10 +74,15 @@ def readings(src: tuple[int, ...], dst: tuple[int, ...], linear: bool) -> list[t
     if len(dst) == 3 and dst[0] > 1 and not square and src == (dst[0] * dst[2], dst[1]):
       split = (dst[0], dst[2], dst[1])
       out.append(("heads+t", lambda r: ops.transpose(ops.reshape(r, split), (0, 2, 1))))
-  elif len(src) != 2 and src != dst and _reshapes(src, dst) and not out and not pointwise:
+  elif len(src) != 2 and src != dst and not out and not pointwise:
     # (a 1x1 conv's [o, i, 1, 1] -> [1, 1, i, o] is the conv layout, not a reshape; as a
     # linear weight it is oriented by the leaf's word: see _pointwise)
-    out.append(("heads", lambda r: ops.reshape(r, dst)))
+    if _reshapes(src, dst):
+      out.append(("heads", lambda r: ops.reshape(r, dst)))
+    # heads merged, then the matrix transposed: an einsum's [hidden, heads, head_dim] as a
+    # torch-style [heads * head_dim, hidden] (Funnel's r_kernel); into a square leaf both fit
+    if len(src) == 3 and len(dst) == 2 and _reshapes(src, dst[::-1]):
+      out.append(("heads-t", lambda r: ops.transpose(ops.reshape(r, dst[::-1]), (1, 0))))
   return out
 
 
@@ -197,6 +202,7 @@ REASONS = {
   "heads": "name + heads reshaped",
   "t+heads": "name + transpose + heads reshaped",
   "heads+t": "name + heads reshaped + each transposed",
+  "heads-t": "name + heads merged + transpose",
   "conv": "name + conv kernel OIHW -> HWIO",
   "conv3d": "name + conv kernel OIDHW -> DHWIO",
   "conv1d": "name + conv kernel OIK -> KIO",
@@ -207,12 +213,33 @@ REASONS = {
 
 
 def oriented(
-  how: str, convention: str | None, tc: Concepts, sc: Concepts, src: tuple[int, ...]
+  how: str,
+  convention: str | None,
+  tc: Concepts,
+  sc: Concepts,
+  src: tuple[int, ...],
+  dst: tuple[int, ...],
 ) -> bool:
   """Whether a layout fits the checkpoint's orientation of linear weights (an experts-stacked
-  ``[E, out, in]`` is one linear weight per expert)."""
+  ``[E, out, in]`` is one linear weight per expert).
+
+  A stored tensor of three or more axes merged into a square linear leaf fits it both ways
+  (``[hidden, heads, head_dim]`` as ``[hidden, heads * head_dim]`` or transposed), and which
+  of its axes is the input no shape says: an einsum's parameter is laid out as its author
+  chose (Funnel's ``r_kernel`` is input first, where torch's linear weights are output
+  first), so both are offered and the leaf is asked. A convolution's kernel is output first
+  (``[out, in, ...]``): merged, it is the leaf only where the leaf keeps its linear weights
+  as the checkpoint does, and never transposed (the order its window is flattened in, which
+  a merge assumes, is torch's; a transposed leaf is likely flattened in another)."""
   if len(src) == 3 and "experts" in sc.tokens:
+    if how == "heads-t":
+      return False
     src = src[1:]
+  if how in ("heads", "heads-t") and len(src) >= 3 and linear_target(tc, dst):
+    conv = len(src) >= 4 or bool(sc.tokens & {"conv", "conv1d"})
+    if conv:
+      return how == "heads" and (dst[0] != dst[1] or convention == "same")
+    return True
   if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
     return how in ("same", "heads", "conv", "conv3d", "conv1d", "depthwise", "table-t")
   if convention == "conflict":
