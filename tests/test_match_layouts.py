@@ -1193,14 +1193,18 @@ def test_an_einsum_parameter_merged_into_a_square_linear_leaf_is_asked_both_ways
   right = [
     r
     for r in merged
-    if np.allclose(*_funnel_forward(r_kernel, prj.recipes.evaluate(r, MemorySource(ck))))
+    if np.allclose(
+      *_funnel_forward(r_kernel, prj.recipes.evaluate(r, MemorySource(ck))), rtol=1e-4, atol=1e-5
+    )
   ]
   assert len(right) == 1
   assert "layers_0/attention/r_proj/weight" not in dict(info.value.partial.items())
   hints = {"layers_0/attention/r_proj/weight": right[0]}
   m = prj.match(target, MemorySource(ck), config=config, hints=hints)
   got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]["attention"]
-  np.testing.assert_allclose(*_funnel_forward(r_kernel, got["r_proj"]["weight"]), rtol=1e-5)
+  np.testing.assert_allclose(
+    *_funnel_forward(r_kernel, got["r_proj"]["weight"]), rtol=1e-4, atol=1e-5
+  )
 
 
 def test_an_einsum_parameter_merged_into_a_transposed_leaf_of_other_shape_maps():
@@ -1213,7 +1217,9 @@ def test_an_einsum_parameter_merged_into_a_transposed_leaf_of_other_shape_maps()
   m = prj.match(target, MemorySource(ck))
   got = prj.restore(target, MemorySource(ck), recipes=m)["layers_0"]["attention"]
   r_kernel = ck["encoder.layers.0.attention.r_kernel"]
-  np.testing.assert_allclose(*_funnel_forward(r_kernel, got["r_proj"]["weight"]), rtol=1e-5)
+  np.testing.assert_allclose(
+    *_funnel_forward(r_kernel, got["r_proj"]["weight"]), rtol=1e-4, atol=1e-5
+  )
 
 
 def _patch_conv(d, channels, patch, leaf):
@@ -1236,7 +1242,7 @@ def test_a_conv_kernel_merged_into_a_square_linear_leaf_is_read_only_as_torch_fl
   weight = np.asarray(prj.restore(target, MemorySource(ck), recipes=m)["patch"]["proj"]["weight"])
   patch = np.random.default_rng(2).standard_normal((3, 2, 2)).astype(np.float32)
   conv = np.einsum("ochw,chw->o", ck["patch.proj.weight"], patch)
-  np.testing.assert_allclose(weight @ patch.ravel(), conv, rtol=1e-5)
+  np.testing.assert_allclose(weight @ patch.ravel(), conv, rtol=1e-4, atol=1e-5)
   ck, target = _patch_conv(12, 3, 2, "kernel")
   with pytest.raises(prj.MatchError, match="patch/proj/kernel"):
     prj.match(target, MemorySource(ck))
