@@ -994,6 +994,20 @@ MUTATIONS = (
     '      return how == "heads"\n',
     ("tests/test_match_layouts.py", "-k", "conv_kernel_merged or 1x1"),
   ),
+  Mutation(
+    "Llama 4's gate_up layout not known by its model type",
+    "paramreg_jax/_src/match/config_facts.py",
+    '  "llama4_text": "contiguous",\n',
+    "",
+    ("tests/test_match_unseen.py", "-k", "llama4"),
+  ),
+  Mutation(
+    "an unknown layout asks for config.json beside one",
+    "paramreg_jax/_src/match/fused.py",
+    "  if facts.model_type:  # its config is there and does not say: only the model's code does\n",
+    "  if False:\n",
+    ("tests/test_match_hints.py", "-k", "config_json_only"),
+  ),
 )
 
 

@@ -5,7 +5,7 @@ BEiT, SegFormer, CLIP, SigLIP, wav2vec 2.0, Qwen3, Swin, ELECTRA, GPTBigCode, Re
 DeepSeek-V3 (latent attention, shared and routed experts), Qwen2-MoE, ModernBERT, Gemma 2, Phi,
 Mamba, LLaVA (a CLIP vision tower, a projector and a Llama), DeiT, an MAE, MobileNetV2,
 EfficientNet, RWKV, Jamba, VideoMAE, Gemma 3, BLIP, a wav2vec 2.0 Conformer, RecurrentGemma
-(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, DBRX, GLM, and a diffusion VAE, UNet and
+(Griffin), Qwen2-VL, DETR, a GPT-OSS MoE block, DBRX, GLM, Llama 4, and a diffusion VAE, UNet and
 transformer (diffusers' ``AutoencoderKL``, ``UNet2DConditionModel``, PixArt), each randomly
 initialised at toy size and saved as ``save_pretrained`` writes it (``model.safetensors``, or
 diffusers' ``diffusion_pytorch_model.safetensors``; ``config.json``).
@@ -583,11 +583,49 @@ def _pretrained(name: str, model: torch.nn.Module, block: torch.nn.Module, width
   print(name, "->", out)
 
 
+def llama4() -> None:
+  """``llama4/``: Llama 4's text model at toy size (``save_pretrained``; layer 0 dense, layer 1
+  MoE) and layer 1's experts on 5 tokens each (``reference.npz``: ``x`` ``[E * 5, D]``, ``y``).
+  Its experts are bare ``gate_up_proj`` ``[E, D, 2I]`` (``[gate | up]`` on the last axis, by
+  its code's ``chunk(2, dim=-1)``) and ``down_proj`` ``[E, I, D]``, used as ``x @ W``; the
+  hidden size is twice the expert width, so ``gate_up_proj`` is square."""
+  import numpy as np
+
+  torch.manual_seed(0)
+  config = tf.Llama4TextConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=8,
+    intermediate_size_mlp=24,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+    num_local_experts=4,
+    interleave_moe_layer_step=2,
+    max_position_embeddings=32,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+  )
+  model = tf.Llama4ForCausalLM(config).eval()
+  _randomize(model)
+  out = OUT / "llama4"
+  out.mkdir(parents=True, exist_ok=True)
+  model.save_pretrained(out)
+  x = torch.randn(4 * 5, 16)
+  with torch.no_grad():
+    y = model.model.layers[1].feed_forward.experts(x)
+  np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
+  print("llama4 ->", out)
+
+
 _FUNCTIONS = {
   "conv_transpose": conv_transpose,
   "gpt_oss_experts": gpt_oss_experts,
   "dbrx": dbrx,
   "glm": glm,
+  "llama4": llama4,
 }
 
 

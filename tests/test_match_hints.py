@@ -602,6 +602,27 @@ def test_a_gate_up_layout_is_contiguous_interleaved_or_refused():
   np.testing.assert_array_equal(got["up"]["kernel"], ck["h.0.mlp.gate_up_proj.weight"][1::2].T)
 
 
+@pytest.mark.parametrize("config", [None, {"model_type": "newer_llama"}])
+def test_an_unknown_layout_asks_for_config_json_only_where_there_is_none(config):
+  """A fused gate_up the config does not place: the fix offered is a config.json only where
+  there is none (beside one that does not say, pointing at it sends the user in a circle)."""
+  ck = {"h.0.mlp.gate_up_proj.weight": rand(12, 4), "h.0.mlp.down_proj.weight": rand(4, 6)}
+  mlp = {n: {"kernel": sds(*s)} for n, s in (("gate", (4, 6)), ("up", (4, 6)), ("down", (6, 4)))}
+  with pytest.raises(prj.MatchError) as info:
+    prj.match({"h_0": {"mlp": mlp}}, MemorySource(ck), config=config)
+  (problem,) = info.value.problems
+  said = "(no config.json)" if config is None else "(config.json model_type 'newer_llama')"
+  fix = "say the layout the model uses: one hint for the fused 'h.0.mlp.gate_up_proj'"
+  if config is None:
+    fix = "Restore from a source that has the model's config.json " + (
+      "(SafetensorsSource reads it beside the weights; match(..., config=...) for others), or "
+      + fix
+    )
+  else:
+    fix = fix[0].upper() + fix[1:]
+  assert f"is not known for this checkpoint {said}: nothing is split by guess. {fix}" in problem
+
+
 def test_a_layout_that_does_not_tile_the_parts_is_asked_again():
   ck, target = _fused_qkv(1)
   key = "gpt_neox.layers.0.attention.query_key_value"

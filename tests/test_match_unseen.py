@@ -3664,3 +3664,60 @@ def test_glm_fused_gate_up_is_split_as_its_config_says_and_computes_as_torch():
   x = jnp.asarray(ref["x"][0])
   y = (jax.nn.silu(x @ mlp["gate"]["kernel"]) * (x @ mlp["up"]["kernel"])) @ mlp["down"]["kernel"]
   np.testing.assert_allclose(np.asarray(y), ref["y"][0], rtol=1e-5, atol=1e-5)
+
+
+def _llama4(c):
+  """A flax port of Llama 4's text model: its MoE layer's experts as ``[E, in, out]`` kernels,
+  gate and up apart (the hand conversion from its code: ``gate, up = (x @
+  gate_up_proj).chunk(2, -1)``), and the shared expert and the dense layer's MLP as kernels."""
+  p = {
+    "embed": {"embedding": c["model.embed_tokens.weight"]},
+    "norm": {"scale": c["model.norm.weight"]},
+    "lm_head": {"kernel": T(c["lm_head.weight"])},
+  }
+  for i in range(2):
+    q = f"model.layers.{i}."
+    ff = q + "feed_forward."
+    layer = {
+      "attn_norm": {"scale": c[q + "input_layernorm.weight"]},
+      "mlp_norm": {"scale": c[q + "post_attention_layernorm.weight"]},
+      "attn": {n: {"kernel": T(c[q + f"self_attn.{n}_proj.weight"])} for n in "qkvo"},
+    }
+    if i == 0:
+      layer["mlp"] = {n: {"kernel": T(c[ff + f"{n}_proj.weight"])} for n in ("gate", "up", "down")}
+    else:
+      gate, up = np.split(c[ff + "experts.gate_up_proj"], 2, axis=-1)
+      shared = ff + "shared_expert."
+      layer["moe"] = {
+        "router": {"kernel": T(c[ff + "router.weight"])},
+        "experts": {
+          "gate": {"kernel": np.ascontiguousarray(gate)},
+          "up": {"kernel": np.ascontiguousarray(up)},
+          "down": {"kernel": c[ff + "experts.down_proj"]},
+        },
+        "shared": {
+          n: {"kernel": T(c[shared + f"{n}_proj.weight"])} for n in ("gate", "up", "down")
+        },
+      }
+    p[f"layers_{i}"] = layer
+  return p
+
+
+def test_llama4_square_experts_split_as_its_config_says_and_compute_as_torch():
+  """Llama 4 keeps its experts bare, ``gate_up_proj`` ``[E, D, 2I]`` used as ``x @ W``, and
+  with the hidden size twice the expert width it is square: which axis holds gate and up is
+  said by the non-square ``down_proj`` ``[E, I, D]`` beside it (bare, input first), and the
+  layout (``[gate | up]``) by the config's model type (before, it was asked). Every leaf
+  equals the hand conversion, and the experts compute as torch's ``Llama4TextExperts``."""
+  path = DATA / "llama4"
+  expect = _llama4(load_file(path / "model.safetensors"))
+  target = _target(expect)
+  src = prj.open_source(str(path))
+  got = _assert_restores(expect, target, src, prj.match(target, src))
+  e = got["layers_1"]["moe"]["experts"]
+  ref = np.load(path / "reference.npz")
+  x = jnp.asarray(ref["x"]).reshape(4, -1, 16)  # as the experts read it: [E, tokens, D]
+  gate = jnp.einsum("etd,edi->eti", x, e["gate"]["kernel"])
+  up = jnp.einsum("etd,edi->eti", x, e["up"]["kernel"])
+  y = jnp.einsum("eti,eid->etd", up * jax.nn.silu(gate), e["down"]["kernel"])
+  np.testing.assert_allclose(np.asarray(y).reshape(-1, 16), ref["y"], rtol=1e-5, atol=1e-5)

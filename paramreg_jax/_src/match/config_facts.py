@@ -46,6 +46,8 @@ _GATE_UP_LAYOUTS = {
   "glm": "contiguous",  # gate_up_proj(x).chunk(2, dim=-1)
   "glm4": "contiguous",
   "gpt_oss": "interleaved",
+  "llama4": "contiguous",  # experts' (x @ gate_up_proj).chunk(2, dim=-1)
+  "llama4_text": "contiguous",
 }
 # Hugging Face model types whose linear layers are GPT-2's Conv1D ([in, out]); all others are
 # torch.nn.Linear ([out, in]).

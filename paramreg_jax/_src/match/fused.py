@@ -229,16 +229,22 @@ def _undecided(
   # one layout hint answers every part, unless only their order says which part each is
   by_order = any(roles.get(n, "").endswith("?") for n in f.names)
   asked = () if by_order else _layout_hints(f, facts, layouts)
+  fix = (
+    f"say the layout the model uses: one hint for the fused {module!r} (hints below)"
+    if asked
+    else "choose each part in the layout the model uses (hints below)"
+  )
+  if facts.model_type:  # its config is there and does not say: only the model's code does
+    fix = fix[0].upper() + fix[1:]
+  else:
+    fix = (
+      "Restore from a source that has the model's config.json (SafetensorsSource reads it "
+      "beside the weights; match(..., config=...) for others), or " + fix
+    )
   return Problem(
     f"{', '.join(f.names)}: parts of fused {key!r} {stored}, but how its {'/'.join(parts)} "
     f"are laid out along axis {f.axis} is not known for this checkpoint ({said}{why}): "
-    "nothing is split by guess. Restore from a source that has the model's config.json "
-    "(SafetensorsSource reads it beside the weights; match(..., config=...) for others), or "
-    + (
-      f"say the layout the model uses: one hint for the fused {module!r} (hints below)"
-      if asked
-      else "choose each part in the layout the model uses (hints below)"
-    ),
+    "nothing is split by guess. " + fix,
     f.names,
     {module: asked} if asked else choices,
   )
