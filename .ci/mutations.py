@@ -980,21 +980,6 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "inside_an_embedder"),
   ),
   Mutation(
-    "a tensor merged into a square linear leaf is read as stored only",
-    "paramreg_jax/_src/match/layouts.py",
-    '      return how == "heads" and (dst[0] != dst[1] or convention == "same")\n    return True\n',
-    '      return how == "heads" and (dst[0] != dst[1] or convention == "same")\n'
-    '    return how == "heads"\n',
-    ("tests/test_match_layouts.py", "-k", "einsum or both_ways"),
-  ),
-  Mutation(
-    "a conv kernel merged into a square linear leaf whatever its orientation",
-    "paramreg_jax/_src/match/layouts.py",
-    '      return how == "heads" and (dst[0] != dst[1] or convention == "same")\n',
-    '      return how == "heads"\n',
-    ("tests/test_match_layouts.py", "-k", "conv_kernel_merged or 1x1"),
-  ),
-  Mutation(
     "Llama 4's gate_up layout not known by its model type",
     "paramreg_jax/_src/match/config_facts.py",
     '  "llama4_text": "contiguous",\n',
@@ -1007,6 +992,34 @@ MUTATIONS = (
     "  if facts.model_type:  # its config is there and does not say: only the model's code does\n",
     "  if False:\n",
     ("tests/test_match_hints.py", "-k", "config_json_only"),
+  ),
+  Mutation(
+    "a tensor merged into a square linear leaf is read as stored only",
+    "paramreg_jax/_src/match/layouts.py",
+    "    return not conv  # both offered: asked (a conv's only reading is no guess either)\n",
+    '    return how == "heads"\n',
+    ("tests/test_match_layouts.py", "-k", "einsum or both_ways"),
+  ),
+  Mutation(
+    "a conv kernel merged into a linear leaf transposed",
+    "paramreg_jax/_src/match/layouts.py",
+    '    if conv and how == "heads-t":\n      return False\n',
+    "",
+    ("tests/test_match_layouts.py", "-k", "conv_kernel_merged or 1x1"),
+  ),
+  Mutation(
+    "a merged tensor's framework layout not read",
+    "paramreg_jax/_src/match/layouts.py",
+    '    if merged in ("t", "same"):\n',
+    "    if False:\n",
+    ("tests/test_match_layouts.py", "-k", "dense_general or conv_kernel_merged"),
+  ),
+  Mutation(
+    "a DenseGeneral kernel's word read only beside in-first weights",
+    "paramreg_jax/_src/match/layouts.py",
+    'in IN_OUT_LEAVES and stored != "t":',
+    'in IN_OUT_LEAVES and stored == "same":',
+    ("tests/test_match_layouts.py", "-k", "dense_general"),
   ),
 )
 

@@ -1246,3 +1246,54 @@ def test_a_conv_kernel_merged_into_a_square_linear_leaf_is_read_only_as_torch_fl
   ck, target = _patch_conv(12, 3, 2, "kernel")
   with pytest.raises(prj.MatchError, match="patch/proj/kernel"):
     prj.match(target, MemorySource(ck))
+  # a Conv1d [out, in, k] as a kernel [in * k, out] of another shape: the same, refused
+  ck = {"conv.weight": _rand(8, 4, 3), "head.weight": _rand(5, 8)}
+  target = {"conv": {"kernel": _sds(12, 8)}, "head": {"kernel": _sds(8, 5)}}
+  with pytest.raises(prj.MatchError, match="conv/kernel"):
+    prj.match(target, MemorySource(ck))
+
+
+def _dense_general(d, heads, head_dim, ffn):
+  """A flax checkpoint whose attention is ``DenseGeneral``: ``query`` ``[d, heads, head_dim]``
+  and ``out`` ``[heads, head_dim, d]`` kernels (inputs first, always), beside ``Dense``
+  kernels of the MLP."""
+  ck = {}
+  for i in range(2):
+    p = f"params/layers_{i}/"
+    for n in ("query", "key", "value"):
+      ck[p + f"attn/{n}/kernel"] = _rand(d, heads, head_dim)
+    ck[p + "attn/out/kernel"] = _rand(heads, head_dim, d)
+    ck[p + "mlp/wi/kernel"] = _rand(d, ffn)
+    ck[p + "mlp/wo/kernel"] = _rand(ffn, d)
+  return ck
+
+
+@pytest.mark.parametrize("leaf", ["kernel", "weight"])
+def test_dense_general_kernels_merged_into_square_linear_leaves_follow_flax_layout(leaf):
+  """flax's ``DenseGeneral`` kernel is ``[*in, *out]`` by definition: merged into a square
+  ``Dense`` kernel it is the kernel as stored, into a torch-style ``[out, in]`` weight (the
+  MLP's shapes say the target keeps them so) its transpose; attention computed with the
+  restored leaves equals the checkpoint's einsums. Before, a ``weight`` was given the kernel
+  as stored (its transpose, no error)."""
+  d, ffn = 32, 48
+  ck = _dense_general(d, 4, 8, ffn)
+  fc = {"fc1": (d, ffn), "fc2": (ffn, d)}
+  if leaf == "weight":
+    fc = {k: s[::-1] for k, s in fc.items()}
+  block = {
+    "attn": {n: {leaf: _sds(d, d)} for n in ("q", "k", "v", "o")},
+    "mlp": {k: {leaf: _sds(*s)} for k, s in fc.items()},
+  }
+  target = {f"blocks_{i}": block for i in range(2)}
+  m = prj.match(target, MemorySource(ck))
+  got = prj.restore(target, MemorySource(ck), recipes=m)["blocks_1"]["attn"]
+  x = np.random.default_rng(3).standard_normal((5, d)).astype(np.float32)
+  heads = np.einsum("nd,dhf->nhf", x, ck["params/layers_1/attn/query/kernel"])
+  out = np.einsum("nhf,hfd->nd", heads, ck["params/layers_1/attn/out/kernel"])
+
+  def apply(w, v):
+    return v @ (np.asarray(w) if leaf == "kernel" else np.asarray(w).T)
+
+  q = apply(got["q"][leaf], x)
+  np.testing.assert_allclose(q, heads.reshape(5, -1), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(apply(got["o"][leaf], q), out, rtol=1e-4, atol=1e-4)

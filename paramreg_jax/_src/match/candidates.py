@@ -305,12 +305,13 @@ def _single(
   transposed_conv = len(sshape) >= 3 and (
     flag is not None or layouts.TRANSPOSED_CONV.search(tc.name) is not None
   )
+  merged = layouts.merged_relation(sc, sshape, relation, convention)
   for how, build in layouts.readings(sshape, shape, linear):
     if how == "table-t" and untied:
       continue  # an embedding read transposed is a tied head: the config says there is none
     if transposed_conv and how.startswith("conv"):
       continue  # its kernel is [in, out, ...], not [out, in, ...]: below
-    if layouts.oriented(how, relation, tc, sc, sshape, shape):
+    if layouts.oriented(how, relation, tc, sc, sshape, shape, merged):
       out.append(_read(score, key, layouts.REASONS[how], build))
   if transposed_conv:
     out.extend(_read(score, key, why, b) for why, b in layouts.conv_transpose(sshape, shape, flag))

@@ -212,6 +212,41 @@ REASONS = {
 }
 
 
+def _is_conv(sc: Concepts, src: tuple[int, ...]) -> bool:
+  """A conv's kernel: four axes or more, or three in a module named for a convolution (by its
+  name as stored: the concepts may fold a checkpoint's only module word away)."""
+  return len(src) >= 4 or _CONV.search(sc.name) is not None
+
+
+_CONV = re.compile(r"(?i)conv")
+
+
+def merged_relation(
+  sc: Concepts, src: tuple[int, ...], relation: str | None, stored: str | None
+) -> str | None:
+  """How a stored tensor of three or more axes, merged into one linear leaf, relates to that
+  leaf: as the checkpoint's linear weights do (``relation``) where its framework lays it out
+  as them, else None (not known). A conv kernel is (torch's ``[out, in, ...]``, flax's
+  ``[..., in, out]``: every framework keeps its convs and linear weights alike); so is a flax
+  or haiku ``kernel``/``w`` (``DenseGeneral``'s ``[*in, *out]``), unless the checkpoint's
+  linear weights are ``stored`` output first (``"t"``: then its word says nothing). An
+  einsum's parameter is as its author chose: not known.
+
+  Examples:
+    >>> from paramreg_jax._src.match.vocabulary import concepts
+    >>> k = concepts("params/attn/query/kernel")
+    >>> merged_relation(k, (32, 4, 8), "t", None), merged_relation(k, (32, 4, 8), "t", "t")
+    ('t', None)
+    >>> merged_relation(concepts("attention.r_kernel"), (32, 4, 8), "t", "t") is None
+    True
+  """
+  if _is_conv(sc, src):
+    return relation
+  if sc.name.rpartition("/")[2].rpartition(".")[2] in IN_OUT_LEAVES and stored != "t":
+    return relation
+  return None
+
+
 def oriented(
   how: str,
   convention: str | None,
@@ -219,27 +254,33 @@ def oriented(
   sc: Concepts,
   src: tuple[int, ...],
   dst: tuple[int, ...],
+  merged: str | None = None,
 ) -> bool:
   """Whether a layout fits the checkpoint's orientation of linear weights (an experts-stacked
   ``[E, out, in]`` is one linear weight per expert).
 
   A stored tensor of three or more axes merged into a square linear leaf fits it both ways
   (``[hidden, heads, head_dim]`` as ``[hidden, heads * head_dim]`` or transposed), and which
-  of its axes is the input no shape says: an einsum's parameter is laid out as its author
-  chose (Funnel's ``r_kernel`` is input first, where torch's linear weights are output
-  first), so both are offered and the leaf is asked. A convolution's kernel is output first
-  (``[out, in, ...]``): merged, it is the leaf only where the leaf keeps its linear weights
-  as the checkpoint does, and never transposed (the order its window is flattened in, which
-  a merge assumes, is torch's; a transposed leaf is likely flattened in another)."""
+  of its axes is the input no shape says: ``merged`` is how it relates to the leaf where its
+  framework says (:func:`merged_relation`), else both are offered and the leaf is asked (an
+  einsum's parameter is laid out as its author chose: Funnel's ``r_kernel`` is input first,
+  where torch's linear weights are output first). A convolution's kernel merged is never
+  transposed (the order its window is flattened in, which a merge assumes, is its
+  framework's; a transposed leaf is likely flattened in another), and into a square leaf it
+  is taken only where ``merged`` says so."""
   if len(src) == 3 and "experts" in sc.tokens:
     if how == "heads-t":
       return False
     src = src[1:]
   if how in ("heads", "heads-t") and len(src) >= 3 and linear_target(tc, dst):
-    conv = len(src) >= 4 or bool(sc.tokens & {"conv", "conv1d"})
-    if conv:
-      return how == "heads" and (dst[0] != dst[1] or convention == "same")
-    return True
+    conv = _is_conv(sc, src)
+    if conv and how == "heads-t":
+      return False
+    if dst[0] != dst[1]:
+      return True  # one reading fits
+    if merged in ("t", "same"):
+      return (how == "heads-t") == (merged == "t")
+    return not conv  # both offered: asked (a conv's only reading is no guess either)
   if not (is_linear(sc, src) and linear_target(tc, (0, 0))):
     return how in ("same", "heads", "conv", "conv3d", "conv1d", "depthwise", "table-t")
   if convention == "conflict":
