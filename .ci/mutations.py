@@ -1021,6 +1021,29 @@ MUTATIONS = (
     'in IN_OUT_LEAVES and stored == "same":',
     ("tests/test_match_layouts.py", "-k", "dense_general"),
   ),
+  Mutation(
+    "a scanned checkpoint is not unstacked",
+    "paramreg_jax/_src/match/candidates.py",
+    "  if len(tc.indices) == 1 and not singles:\n",
+    "  if False:\n",
+    ("tests/test_match_layouts.py", "-k", "scanned"),
+  ),
+  Mutation(
+    "a scanned tensor's layers taken on the first axis that fits",
+    "paramreg_jax/_src/match/candidates.py",
+    "      item = stored[:axis] + stored[axis + 1 :]\n",
+    "      if any(c.keys == (key,) for c in out):\n"
+    "        break\n"
+    "      item = stored[:axis] + stored[axis + 1 :]\n",
+    ("tests/test_match_layouts.py", "-k", "scanned"),
+  ),
+  Mutation(
+    "a scanned tensor's layer does not vote for the orientation",
+    "paramreg_jax/_src/match/axes.py",
+    "      stored = one_stored_layer(stored, ck.target_layers.get(slot.name, 0))\n",
+    "      pass\n",
+    ("tests/test_match_layouts.py", "-k", "scanned"),
+  ),
 )
 
 

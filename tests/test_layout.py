@@ -18,6 +18,12 @@ MODULES = sorted(ROOT.rglob("*.py"))
 LOOK_AT_LINES = 500  # a module longer than this is a prompt to look, not a limit
 # Modules past LOOK_AT_LINES that were looked at: each holds the one concept named here.
 LONG_MODULES: dict[str, str] = {
+  # one concept: every way checkpoint tensors become one target parameter (one tensor, a
+  # layer of a stacked one, one expert's, a fused tensor's part, parts joined, layers
+  # stacked); the ways call each other (a stacked leaf is each layer's single tensor, a
+  # joined part one too), so a cut between them would be a cycle. How one tensor's shape
+  # becomes the leaf's is its own module (layouts.py)
+  "paramreg_jax/_src/match/candidates.py": "the ways tensors become one parameter",
   # one concept: how a name reads as concepts (its words' table, and how its numbers,
   # containers and places are read); the table and its reader change together
   "paramreg_jax/_src/match/vocabulary.py": "how a name reads as concepts",

@@ -1297,3 +1297,98 @@ def test_dense_general_kernels_merged_into_square_linear_leaves_follow_flax_layo
   q = apply(got["q"][leaf], x)
   np.testing.assert_allclose(q, heads.reshape(5, -1), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(apply(got["o"][leaf], q), out, rtol=1e-4, atol=1e-4)
+
+
+# --- a checkpoint that stacks its layers, into a target that keeps each layer apart -----------
+
+
+def _scanned(layers, axis, d=32, heads=4, head_dim=8, ffn=48):
+  """A flax checkpoint trained scanned, every layer's tensor stacked on ``axis`` (0:
+  ``nn.scan``/``nnx.scan``; 1: MaxText's ``param_scan_axis``): ``DenseGeneral`` attention
+  kernels ``[d, heads, head_dim]`` and ``[heads, head_dim, d]``, MLP kernels, norm scales;
+  and each layer's own arrays, as the truth."""
+  per = [
+    {
+      "query": _rand(d, heads, head_dim),
+      "key": _rand(d, heads, head_dim),
+      "out": _rand(heads, head_dim, d),
+      "wi": _rand(d, ffn),
+      "wo": _rand(ffn, d),
+      "pre_norm": _rand(d),
+    }
+    for _ in range(layers)
+  ]
+  where = {"query": "attn/query", "key": "attn/key", "out": "attn/out", "wi": "mlp/wi"}
+  where |= {"wo": "mlp/wo", "pre_norm": "pre_norm"}
+  ck = {
+    f"params/decoder/layers/{path}/{'scale' if n == 'pre_norm' else 'kernel'}": np.stack(
+      [p[n] for p in per], axis=axis if per[0][n].ndim >= axis else 0
+    )
+    for n, path in where.items()
+  }
+  return ck, per
+
+
+def _layers_target(per, merged):
+  """A target of ``layers_{i}`` modules: heads split as stored, or merged into ``Dense``
+  kernels ``[d, heads * head_dim]`` and ``[heads * head_dim, d]``."""
+
+  out = {}
+  for i, p in enumerate(per):
+    q, k, o = p["query"], p["key"], p["out"]
+    if merged:
+      q, k, o = q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), o.reshape(-1, o.shape[-1])
+    out[f"layers_{i}"] = {
+      "attn": {"query": {"kernel": q}, "key": {"kernel": k}, "out": {"kernel": o}},
+      "mlp": {"wi": {"kernel": p["wi"]}, "wo": {"kernel": p["wo"]}},
+      "pre_norm": {"scale": p["pre_norm"]},
+    }
+  return out
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("merged", [False, True])
+def test_a_scanned_checkpoint_is_unstacked_into_a_targets_layers(axis, merged):
+  """Every layer of a target that keeps its layers apart comes from its layer of the stacked
+  tensors (selected on the layers' axis, 0 or MaxText's 1), read as one tensor is: heads
+  kept split, or merged into a ``Dense`` kernel as flax's ``[*in, *out]`` says (square
+  ones too). Before, nothing was read: no tensor has a layer number. Each layer's attention,
+  computed with the restored leaves, equals the checkpoint's einsums on that layer."""
+  ck, per = _scanned(3, axis)
+  expect = _layers_target(per, merged)
+  target = jax.tree.map(lambda x: _sds(*x.shape), expect)
+  m = prj.match(target, MemorySource(ck))
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  for (path, want), leaf in zip(
+    jax.tree_util.tree_flatten_with_path(expect)[0], jax.tree.leaves(got)
+  ):
+    np.testing.assert_array_equal(np.asarray(leaf), want, err_msg=jax.tree_util.keystr(path))
+  x = np.random.default_rng(4).standard_normal((5, 32)).astype(np.float32)
+  for i, p in enumerate(per):
+    attn = got[f"layers_{i}"]["attn"]
+    heads = np.einsum("nd,dhf->nhf", x, p["query"])
+    q = x @ np.asarray(attn["query"]["kernel"]).reshape(32, -1)
+    np.testing.assert_allclose(q, heads.reshape(5, -1), rtol=1e-4, atol=1e-4)
+  rows = {t: why for t, _, why in m.rows()}
+  assert rows["layers_2/mlp/wi/kernel"].endswith(f"layer 2 of 3 stacked on axis {axis}")
+
+
+def test_a_scanned_checkpoint_whose_two_axes_could_be_the_layers_is_asked():
+  """Where the layers are as many as the hidden size, ``[L, d, ffn]`` has two axes that could
+  hold them: both readings are offered, nothing is taken by guess, and ``.partial`` holds
+  only what the other axis could not be."""
+  ck, per = _scanned(4, 0, d=4, heads=2, head_dim=2, ffn=6)
+  expect = _layers_target(per, merged=False)
+  target = jax.tree.map(lambda x: _sds(*x.shape), expect)
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  problem = next(p for p in info.value.problems if "layers_0/mlp/wi/kernel" in p.targets)
+  (choices,) = (c for k, c in problem.choices.items() if "layers_0/mlp/wi" in k)
+  picked = {str(c.hint) for c in choices if "mlp/wi" in str(c.hint)}
+  assert any("Range(axis=0" in h for h in picked) and any("Range(axis=1" in h for h in picked)
+  partial = dict(info.value.partial.items()) if info.value.partial is not None else {}
+  for name, recipe in partial.items():
+    want = expect
+    for part in name.split("/"):
+      want = want[part]
+    np.testing.assert_array_equal(np.asarray(prj.recipes.evaluate(recipe, MemorySource(ck))), want)

@@ -45,9 +45,11 @@ class Candidate:
     return self.claims if self.claims is not None else self.keys
 
 
-def _read(score: float, key: str, reason: str, build: layouts.Build) -> Candidate:
-  """The candidate that reads ``key`` as one of :mod:`layouts`' readings."""
-  return Candidate(score, (key,), reason, lambda: build(ops.source(key)))
+def _read(score: float, key: str, reason: str, build: layouts.Build, base: Any = None) -> Candidate:
+  """The candidate that reads ``key`` (or ``base()``, a part of it) as one of :mod:`layouts`'
+  readings."""
+  stored = base if base is not None else functools.partial(ops.source, key)
+  return Candidate(score, (key,), reason, lambda: build(stored()))
 
 
 def candidates(
@@ -89,6 +91,9 @@ def candidates(
   # one expert's leaf (experts/{e}/w1) from its layer's experts-stacked tensor
   if tc.indices and "experts" in tc.tokens:
     out.extend(_per_expert(tc, shape, ck))
+  # a layer's leaf from a checkpoint that stacks its layers (a scanned one)
+  if len(tc.indices) == 1 and not singles:
+    out.extend(_unstacked(tc, shape, ck))
   out.sort(key=lambda c: -c.score)
   return out
 
@@ -290,10 +295,47 @@ def _stacked_joined(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> lis
   return [Candidate(first.score, all_keys, reason, build)]
 
 
+def _unstacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  """A layer's leaf from a tensor that stacks every layer of the checkpoint (a scanned one:
+  ``[L, ...]``, or MaxText's layers on axis 1, ``[.., L, ..]``): its layer selected, then
+  read as one tensor is. Only for a leaf whose layer the checkpoint has no tensors of, from
+  a tensor named for the layers whose axis 0 or 1 is as long as the target has layers of
+  that leaf (both, where both are: asked)."""
+  (i,) = tc.indices
+  layers = ck.target_layers.get(tc.name, 0)
+  out = []
+  for key in ck.by_layer.get((), ()):
+    sc, stored = ck.concepts[key], ck.shapes[key]
+    if sc.kind != tc.kind or "layers" not in sc.tokens or layers < 2 or i >= layers:
+      continue
+    for axis in (a for a in (0, 1) if a < len(stored) and len(stored) > 1 and stored[a] == layers):
+      item = stored[:axis] + stored[axis + 1 :]
+      picked = functools.partial(_layer_of, key, axis, i, item)
+      for c in _single(tc, shape, key, ck, item=(item, picked)):
+        reason = f"{c.reason}, layer {i} of {layers} stacked on axis {axis}"
+        out.append(dataclasses.replace(c, reason=reason, claims=((key, i),)))
+  return out
+
+
+def _layer_of(key: str, axis: int, i: int, item: tuple[int, ...]) -> ops.Recipe:
+  """Layer ``i`` of ``key``, its layers on ``axis``, as one tensor of shape ``item``."""
+  return ops.reshape(ops.source(key, Range(axis, i, i + 1)), item)
+
+
 def _single(
-  tc: Concepts, shape: tuple[int, ...], key: str, ck: Checkpoint, hinted: bool = False
+  tc: Concepts,
+  shape: tuple[int, ...],
+  key: str,
+  ck: Checkpoint,
+  hinted: bool = False,
+  item: tuple[tuple[int, ...], Any] | None = None,
 ) -> list[Candidate]:
+  """Every way the one tensor ``key`` becomes the leaf; ``item``: ``(shape, recipe builder)``
+  of the part of it that does (a layer of a stacked tensor), not a fused tensor's part."""
   sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
+  base = functools.partial(ops.source, key)
+  if item is not None:
+    sshape, base = item
   if sc.kind != tc.kind and not hinted:
     return []
   relation = orientation(ck, tc.name, hinted, bare=sc.bare)
@@ -312,17 +354,28 @@ def _single(
     if transposed_conv and how.startswith("conv"):
       continue  # its kernel is [in, out, ...], not [out, in, ...]: below
     if layouts.oriented(how, relation, tc, sc, sshape, shape, merged):
-      out.append(_read(score, key, layouts.REASONS[how], build))
+      out.append(_read(score, key, layouts.REASONS[how], build, base))
   if transposed_conv:
-    out.extend(_read(score, key, why, b) for why, b in layouts.conv_transpose(sshape, shape, flag))
+    turned = layouts.conv_transpose(sshape, shape, flag)
+    out.extend(_read(score, key, why, b, base) for why, b in turned)
   if layouts.square_relative_table(tc, sc, sshape, shape, linear):
     why = "name + transpose (kept [heads, buckets], as t5x keeps it)"
-    out.append(_read(score, key, why, lambda r: ops.transpose(r, (1, 0))))
+    out.append(_read(score, key, why, lambda r: ops.transpose(r, (1, 0)), base))
   if not out and linear and len(shape) == 3:
-    out.extend(_read(score, key, w, b) for w, b in layouts.heads_permuted(tc, shape, sshape, ck))
+    permuted = layouts.heads_permuted(tc, shape, sshape, ck)
+    out.extend(_read(score, key, w, b, base) for w, b in permuted)
   if not out and (pointwise := layouts.pointwise(tc, sshape, shape)) is not None:
-    out.append(_read(score, key, layouts.REASONS[pointwise[0]], pointwise[1]))
-  # one part of a fused tensor (qkv, gate_up): the target's own concept stands for the fused one
+    out.append(_read(score, key, layouts.REASONS[pointwise[0]], pointwise[1], base))
+  if item is None:  # (a fused tensor's part is cut from the whole tensor: not from a layer)
+    out.extend(_fused_part(tc, shape, key, ck))
+  return out
+
+
+def _fused_part(tc: Concepts, shape: tuple[int, ...], key: str, ck: Checkpoint) -> list[Candidate]:
+  """``key`` as the fused tensor (qkv, gate_up) the leaf is one part of: the leaf's own concept
+  stands for the fused one; the axis its parts are cut along (``fused``), where known."""
+  sc, sshape, convention = ck.concepts[key], ck.shapes[key], ck.convention
+  out = []
   part = tc.tokens & {"q", "k", "v", "gate", "up"}
   fused = "qkv" if part & {"q", "k", "v"} else "gate_up"
   # per expert: a weight [E, out, in], a bias [E, out] (GPT-OSS's gate_up_proj_bias)

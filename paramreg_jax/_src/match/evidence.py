@@ -73,6 +73,10 @@ class Checkpoint:
   # ``{target kernel: transpose_kernel}`` of an NNX target's ``nnx.ConvTranspose`` modules:
   # how each applies its kernel (``layouts.conv_transpose``)
   transposed_convs: dict[str, bool] = dataclasses.field(default_factory=dict)
+  # ``{target leaf: how many layers the target has of it}`` (the leaves its name's layer
+  # template, ``layers_{i}/attn/q/kernel``, names): a checkpoint that stacks its layers is
+  # unstacked into as many (``candidates._unstacked``)
+  target_layers: dict[str, int] = dataclasses.field(default_factory=dict)
 
   def restricted(self, keys: set[str]) -> Checkpoint:
     """The same checkpoint seen through only ``keys`` (a hint that names checkpoint keys)."""

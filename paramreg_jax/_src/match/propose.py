@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -445,6 +446,8 @@ def _read_checkpoint(
   evidence.three_norms(folded)
   evidence.fused_inputs(folded, shapes)
   ck = evidence.Checkpoint(folded, shapes, facts, numbered=numbered)
+  templates = collections.Counter(hints_lib.layer_template(s.name) for s in slots)
+  ck.target_layers = {s.name: templates[hints_lib.layer_template(s.name)] for s in slots}
   # a target's list of lists numbers layers only where the checkpoint's layers have two
   # numbers too (a stage's and a block's); over layers of one number, the inner list is the
   # layer's own sequence of modules (equinox's ``blocks/3/1/conv``)
