@@ -1044,6 +1044,13 @@ MUTATIONS = (
     "      pass\n",
     ("tests/test_match_layouts.py", "-k", "scanned"),
   ),
+  Mutation(
+    "MaxText's post-attention norm not read as the MLP's",
+    "paramreg_jax/_src/match/vocabulary.py",
+    '  "post_self_attention_layer_norm": ("mlp", "norm"),\n',
+    "",
+    ("tests/test_match_layouts.py", "-k", "maxtext_norms"),
+  ),
 )
 
 

@@ -1392,3 +1392,26 @@ def test_a_scanned_checkpoint_whose_two_axes_could_be_the_layers_is_asked():
     for part in name.split("/"):
       want = want[part]
     np.testing.assert_array_equal(np.asarray(prj.recipes.evaluate(recipe, MemorySource(ck))), want)
+
+
+def test_maxtext_norms_are_read_as_the_attention_and_mlp_norms():
+  """MaxText's decoders (Llama, Mistral, DeepSeek) name their two norms
+  ``pre_self_attention_layer_norm`` and ``post_self_attention_layer_norm``, the second the
+  norm before the MLP (as transformers' ``post_attention_layernorm``): a scanned MaxText
+  checkpoint's ``[d, L]`` scales go to each layer's attention and MLP norms, by name (they
+  were ambiguous with each other)."""
+  layers = "params/decoder/layers/"
+  pre, post = _rand(16, 3), _rand(16, 3)
+  ck = {
+    layers + "pre_self_attention_layer_norm/scale": pre,
+    layers + "post_self_attention_layer_norm/scale": post,
+    layers + "mlp/wi/kernel": _rand(16, 3, 24),
+  }
+  block = {"attention_norm": {"scale": _sds(16)}, "ffn_norm": {"scale": _sds(16)}}
+  block["feed_forward"] = {"w1": {"kernel": _sds(16, 24)}}
+  target = {f"layers_{i}": block for i in range(3)}
+  m = prj.match(target, MemorySource(ck))
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  for i in range(3):
+    np.testing.assert_array_equal(got[f"layers_{i}"]["attention_norm"]["scale"], pre[:, i])
+    np.testing.assert_array_equal(got[f"layers_{i}"]["ffn_norm"]["scale"], post[:, i])

@@ -145,6 +145,10 @@ _WORDS: dict[str, tuple[str, ...]] = {
   "channel_pre_norm": ("mlp", "norm"),
   "input_layernorm": ("attn", "norm"),
   "post_attention_layernorm": ("mlp", "norm"),  # Llama: the norm before the MLP
+  # MaxText's (Llama, Mistral, DeepSeek decoders): the same two; its Gemma 2's post-norm is
+  # ``post_self_attention_norm``, without "layer"
+  "pre_self_attention_layer_norm": ("attn", "norm"),
+  "post_self_attention_layer_norm": ("mlp", "norm"),
   "pre_feedforward_layernorm": ("mlp", "norm"),
   "post_feedforward_layernorm": ("mlp", "post", "norm"),
   "layernorm_before": ("attn", "norm"),
