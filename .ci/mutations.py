@@ -1029,18 +1029,23 @@ MUTATIONS = (
     ("tests/test_match_layouts.py", "-k", "scanned"),
   ),
   Mutation(
-    "a scanned tensor's layers taken on the first axis that fits",
-    "paramreg_jax/_src/match/candidates.py",
-    "      item = stored[:axis] + stored[axis + 1 :]\n",
-    "      if any(c.keys == (key,) for c in out):\n"
-    "        break\n"
-    "      item = stored[:axis] + stored[axis + 1 :]\n",
+    "a scanned checkpoint's layers taken on the first axis that fits",
+    "paramreg_jax/_src/match/evidence.py",
+    "        pairs.add((axis, layers))\n",
+    "        pairs.add((axis, layers))\n        break\n",
     ("tests/test_match_layouts.py", "-k", "scanned"),
+  ),
+  Mutation(
+    "a scanned checkpoint's layers axis is not moved",
+    "paramreg_jax/_src/match/candidates.py",
+    "    out.extend(_restacked(tc, shape, ck))\n",
+    "",
+    ("tests/test_match_layouts.py", "-k", "other_axis"),
   ),
   Mutation(
     "a scanned tensor's layer does not vote for the orientation",
     "paramreg_jax/_src/match/axes.py",
-    "      stored = one_stored_layer(stored, ck.target_layers.get(slot.name, 0))\n",
+    "      stored = one_stored_layer(stored, layers)\n",
     "      pass\n",
     ("tests/test_match_layouts.py", "-k", "scanned"),
   ),

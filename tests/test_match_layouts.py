@@ -1374,11 +1374,16 @@ def test_a_scanned_checkpoint_is_unstacked_into_a_targets_layers(axis, merged):
 
 
 def test_a_scanned_checkpoint_whose_two_axes_could_be_the_layers_is_asked():
-  """Where the layers are as many as the hidden size, ``[L, d, ffn]`` has two axes that could
-  hold them: both readings are offered, nothing is taken by guess, and ``.partial`` holds
-  only what the other axis could not be."""
+  """Where every tensor named for the layers has as many rows as there are layers on both of
+  axes 0 and 1 (4 layers of width 4, and no tensor that leads with another size), the
+  checkpoint does not say where its layers are: both readings are offered, nothing is
+  taken by guess, and ``.partial`` holds only what is true. (With MaxText's ``out``
+  ``[heads, L, head_dim, d]`` beside them, the axes disagree and the layers' axis is known.)"""
   ck, per = _scanned(4, 0, d=4, heads=2, head_dim=2, ffn=6)
+  ck = {k: v for k, v in ck.items() if not k.endswith(("out/kernel", "wo/kernel"))}
   expect = _layers_target(per, merged=False)
+  for layer in expect.values():
+    del layer["attn"]["out"], layer["mlp"]["wo"]
   target = jax.tree.map(lambda x: _sds(*x.shape), expect)
   with pytest.raises(prj.MatchError) as info:
     prj.match(target, MemorySource(ck))
@@ -1392,6 +1397,12 @@ def test_a_scanned_checkpoint_whose_two_axes_could_be_the_layers_is_asked():
     for part in name.split("/"):
       want = want[part]
     np.testing.assert_array_equal(np.asarray(prj.recipes.evaluate(recipe, MemorySource(ck))), want)
+  # with the tensors that lead with another size, the checkpoint says axis 0
+  ck, per = _scanned(4, 0, d=4, heads=2, head_dim=2, ffn=6)
+  expect = _layers_target(per, merged=False)
+  target = jax.tree.map(lambda x: _sds(*x.shape), expect)
+  got = prj.restore(target, MemorySource(ck), recipes=prj.match(target, MemorySource(ck)))
+  np.testing.assert_array_equal(got["layers_3"]["mlp"]["wi"]["kernel"], per[3]["wi"])
 
 
 def test_maxtext_norms_are_read_as_the_attention_and_mlp_norms():
@@ -1415,3 +1426,29 @@ def test_maxtext_norms_are_read_as_the_attention_and_mlp_norms():
   for i in range(3):
     np.testing.assert_array_equal(got[f"layers_{i}"]["attention_norm"]["scale"], pre[:, i])
     np.testing.assert_array_equal(got[f"layers_{i}"]["ffn_norm"]["scale"], post[:, i])
+
+
+@pytest.mark.parametrize("stored, kept", [(1, 0), (0, 1)])
+def test_a_scanned_checkpoint_into_a_target_scanned_on_its_other_axis(stored, kept):
+  """MaxText keeps its layers on axis 1, ``nn.scan``/``nnx.scan`` on axis 0: a checkpoint of
+  one into a target of the other has its layers' axis moved (a transpose; with the heads
+  merged, each layer merged and stacked again). Before, nothing fit. The target's other
+  leaves say its layers' axis (a norm ``[L, d]`` or ``[d, L]``)."""
+  ck, per = _scanned(3, stored)
+  q = np.stack([p["query"].reshape(32, -1) for p in per], axis=kept)
+  wi = np.stack([p["wi"] for p in per], axis=kept)
+  norm = np.stack([p["pre_norm"] for p in per], axis=kept)
+  expect = {"layers": {"attn": {"query": {"kernel": q}}, "mlp": {"wi": {"kernel": wi}}}}
+  expect["layers"]["pre_norm"] = {"scale": norm}
+  for n in ("key", "out"):
+    expect["layers"]["attn"][n] = {"kernel": np.stack([p[n] for p in per], axis=kept)}
+  for n in ("wo",):
+    expect["layers"]["mlp"][n] = {"kernel": np.stack([p[n] for p in per], axis=kept)}
+  target = jax.tree.map(lambda x: _sds(*x.shape), expect)
+  m = prj.match(target, MemorySource(ck))
+  got = prj.restore(target, MemorySource(ck), recipes=m)["layers"]
+  np.testing.assert_array_equal(got["attn"]["query"]["kernel"], q)
+  np.testing.assert_array_equal(got["mlp"]["wi"]["kernel"], wi)
+  np.testing.assert_array_equal(got["pre_norm"]["scale"], norm)
+  rows = {t: why for t, _, why in m.rows()}
+  assert rows["layers/mlp/wi/kernel"].endswith(f"moved from axis {stored} to {kept}")

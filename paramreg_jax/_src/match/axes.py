@@ -6,6 +6,7 @@ equinox's) is what its shapes say; a square one nothing orients is a question.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from paramreg_jax._src.match.evidence import Checkpoint
@@ -211,8 +212,11 @@ def decided_relation(
         shape, stored = tuple(slot.shape)[1:], stored[1:]
     if shape is None:
       continue  # a stacked kernel whose layers' axis is not known
-    if stored is not None and len(stored) == len(shape) + 1:
-      stored = one_stored_layer(stored, ck.target_layers.get(slot.name, 0))
+    if stored is not None and len(stored) == len(shape) + 1:  # a scanned checkpoint's
+      layers = ck.target_layers.get(slot.name, 0)
+      if len(slot.shape) == len(stored):  # into a stacked leaf: as many as it has
+        layers = math.prod(slot.shape) // max(math.prod(shape), 1)
+      stored = one_stored_layer(stored, layers)
     if stored is None or len(shape) != 2 or not linear_target(tc, shape):
       continue
     if not is_linear(ck.concepts[p.keys[0]], stored) or ck.concepts[p.keys[0]].bare != bare:

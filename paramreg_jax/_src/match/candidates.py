@@ -88,6 +88,7 @@ def candidates(
     out.extend(c for c in stacked if c.fused is not None or _values(c) not in kept)
   if not tc.indices and "layers" in tc.tokens and len(shape) >= 2:
     out.extend(_stacked_joined(tc, shape, ck))
+    out.extend(_restacked(tc, shape, ck))
   # one expert's leaf (experts/{e}/w1) from its layer's experts-stacked tensor
   if tc.indices and "experts" in tc.tokens:
     out.extend(_per_expert(tc, shape, ck))
@@ -299,8 +300,8 @@ def _unstacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Can
   """A layer's leaf from a tensor that stacks every layer of the checkpoint (a scanned one:
   ``[L, ...]``, or MaxText's layers on axis 1, ``[.., L, ..]``): its layer selected, then
   read as one tensor is. Only for a leaf whose layer the checkpoint has no tensors of, from
-  a tensor named for the layers whose axis 0 or 1 is as long as the target has layers of
-  that leaf (both, where both are: asked)."""
+  a tensor named for the layers, on the axis where the checkpoint keeps as many layers as
+  the target has of that leaf (``ck.scanned``; both axes, where both could be: asked)."""
   (i,) = tc.indices
   layers = ck.target_layers.get(tc.name, 0)
   out = []
@@ -308,13 +309,50 @@ def _unstacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Can
     sc, stored = ck.concepts[key], ck.shapes[key]
     if sc.kind != tc.kind or "layers" not in sc.tokens or layers < 2 or i >= layers:
       continue
-    for axis in (a for a in (0, 1) if a < len(stored) and len(stored) > 1 and stored[a] == layers):
+    for axis in (a for a in (0, 1) if (a, layers) in ck.scanned):
       item = stored[:axis] + stored[axis + 1 :]
       picked = functools.partial(_layer_of, key, axis, i, item)
       for c in _single(tc, shape, key, ck, item=(item, picked)):
         reason = f"{c.reason}, layer {i} of {layers} stacked on axis {axis}"
         out.append(dataclasses.replace(c, reason=reason, claims=((key, i),)))
   return out
+
+
+def _restacked(tc: Concepts, shape: tuple[int, ...], ck: Checkpoint) -> list[Candidate]:
+  """A stacked leaf from a tensor that stacks the checkpoint's layers on the other of axes 0
+  and 1 (MaxText's ``[.., L, ..]`` into an ``nnx.scan`` target's ``[L, ...]``, or back): each
+  layer read as :func:`_unstacked` reads it, stacked on the leaf's axis."""
+  per_item = Concepts(tc.name, tc.tokens, (), tc.kind, tc.bare)
+  out = []
+  for key in ck.by_layer.get((), ()):
+    sc, stored = ck.concepts[key], ck.shapes[key]
+    if sc.kind != tc.kind or "layers" not in sc.tokens or len(stored) < 3:
+      continue  # (a stacked vector, [d, L] into [L, d], is a transpose: read as one tensor)
+    for (at,) in _placements(("layers",), ck.scan_axis, 1):
+      layers = shape[at] if at < len(shape) else 0
+      axis = 1 - at
+      if (axis, layers) not in ck.scanned:
+        continue
+      item = stored[:axis] + stored[axis + 1 :]
+      first = functools.partial(_layer_of, key, axis, 0, item)
+      for c in _single(per_item, shape[:at] + shape[at + 1 :], key, ck, item=(item, first)):
+        build: Any = functools.partial(_build_restack, c.build(), axis, at, layers)
+        if c.reason == layouts.REASONS["same"]:  # the layers' axis moved, nothing else
+          order = [a for a in range(len(stored)) if a != axis]
+          order.insert(at, axis)
+          build = functools.partial(ops.transpose, ops.source(key), tuple(order))
+        reason = f"{c.reason}, stacked {layers} layers, moved from axis {axis} to {at}"
+        out.append(Candidate(c.score, (key,), reason, build))
+  return out
+
+
+def _build_restack(first: ops.Recipe, axis: int, at: int, layers: int) -> ops.Recipe:
+  """``first`` (layer 0 of a tensor stacked on ``axis``) for every layer, stacked on ``at``."""
+
+  def layer(i: int) -> ops.Recipe:
+    return map_sources(first, lambda s: ops.Source(s.key, Range(axis, i, i + 1)))
+
+  return ops.stack([layer(i) for i in range(layers)], axis=at)
 
 
 def _layer_of(key: str, axis: int, i: int, item: tuple[int, ...]) -> ops.Recipe:

@@ -109,6 +109,24 @@ class Checkpoint:
     return out
 
   @functools.cached_property
+  def scanned(self) -> frozenset[tuple[int, int]]:
+    """``{(axis, layers)}``: where a checkpoint trained scanned keeps its layers, as every
+    tensor named for the layers with no layer number and two axes or more agrees (axis 0,
+    ``nn.scan``'s; 1, MaxText's), and how many; empty for any other checkpoint. Two pairs
+    where its tensors agree on both axes (then both are offered)."""
+    stacked = [
+      self.shapes[k]
+      for k in self.by_layer.get((), ())
+      if "layers" in self.concepts[k].tokens and len(self.shapes[k]) >= 2
+    ]
+    pairs = set()
+    for axis in (0, 1):
+      sizes = {s[axis] for s in stacked}
+      if len(sizes) == 1 and (layers := sizes.pop()) >= 2:
+        pairs.add((axis, layers))
+    return frozenset(pairs)
+
+  @functools.cached_property
   def by_size(self) -> dict[int, list[str]]:
     """Keys by their number of values (what a refusal offers a leaf no name ties to)."""
     out: dict[int, list[str]] = {}

@@ -25,6 +25,7 @@ def scan_axis(
   None if none does or they disagree (both are then offered, and a leaf both fit is a
   question, never a pick)."""
   counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()}
+  counts |= {layers for _, layers in ck.scanned}  # a scanned checkpoint's
   votes = set()
   by_stack: dict[str, set[tuple[int, ...]]] = {}
   for slot in slots:
@@ -56,6 +57,7 @@ def stacks(slots: list[Any], ck: Checkpoint) -> frozenset[str]:
   they are): the largest subtrees of two or more leaves, none numbered or named as layers,
   whose every leaf leads with the same size, a layer count of the checkpoint (2 or more)."""
   counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()} - {0, 1}
+  counts |= {layers for _, layers in ck.scanned}
   if not counts:
     return frozenset()
   leads: dict[str, set[int | None]] = {}
