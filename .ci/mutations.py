@@ -1024,7 +1024,7 @@ MUTATIONS = (
   Mutation(
     "a scanned checkpoint is not unstacked",
     "paramreg_jax/_src/match/candidates.py",
-    "  if len(tc.indices) == 1 and not singles:\n",
+    "  if len(tc.indices) == 1 and not own:\n",
     "  if False:\n",
     ("tests/test_match_layouts.py", "-k", "scanned"),
   ),
@@ -1055,6 +1055,13 @@ MUTATIONS = (
     '  "post_self_attention_layer_norm": ("mlp", "norm"),\n',
     "",
     ("tests/test_match_layouts.py", "-k", "maxtext_norms"),
+  ),
+  Mutation(
+    "a name hint on a layer does not unstack the tensor it names",
+    "paramreg_jax/_src/match/candidates.py",
+    "  if len(tc.indices) == 1 and not own:\n",
+    "  if len(tc.indices) == 1 and not singles:\n",
+    ("tests/test_match_layouts.py", "-k", "scanned_tensor_it_is"),
   ),
 )
 

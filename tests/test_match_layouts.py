@@ -1452,3 +1452,18 @@ def test_a_scanned_checkpoint_into_a_target_scanned_on_its_other_axis(stored, ke
   np.testing.assert_array_equal(got["pre_norm"]["scale"], norm)
   rows = {t: why for t, _, why in m.rows()}
   assert rows["layers/mlp/wi/kernel"].endswith(f"moved from axis {stored} to {kept}")
+
+
+def test_a_name_hint_on_a_layer_names_the_scanned_tensor_it_is_a_layer_of():
+  """A hint for every layer (``{i}``) naming a scanned checkpoint's tensor gives each layer
+  its own slice of it (the tensor has no layer number: it was read whole, and fit no leaf)."""
+  ck, per = _scanned(3, 1)
+  expect = _layers_target(per, merged=True)
+  for layer in expect.values():
+    layer["mlp"]["p7"] = layer["mlp"].pop("wi")  # a name nothing ties to wi
+  target = jax.tree.map(lambda x: _sds(*x.shape), expect)
+  hints = {"layers_{i}/mlp/p7/kernel": "params/decoder/layers/mlp/wi/kernel"}
+  m = prj.match(target, MemorySource(ck), hints=hints)
+  got = prj.restore(target, MemorySource(ck), recipes=m)
+  for i, p in enumerate(per):
+    np.testing.assert_array_equal(got[f"layers_{i}"]["mlp"]["p7"]["kernel"], p["wi"])

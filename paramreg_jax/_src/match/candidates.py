@@ -64,7 +64,7 @@ def candidates(
   out = []
   # one tensor per target (same layer; a hint may name a tensor at any level: a list index in
   # the leaf's path, ``stem/0/kernel``, is no layer of the tensor it names)
-  singles = ck.by_layer.get(tc.indices, ())
+  singles = own = ck.by_layer.get(tc.indices, ())
   if hinted and (not tc.indices or not singles):
     singles = list(ck.concepts)
   for k in singles:
@@ -93,7 +93,7 @@ def candidates(
   if tc.indices and "experts" in tc.tokens:
     out.extend(_per_expert(tc, shape, ck))
   # a layer's leaf from a checkpoint that stacks its layers (a scanned one)
-  if len(tc.indices) == 1 and not singles:
+  if len(tc.indices) == 1 and not own:
     out.extend(_unstacked(tc, shape, ck))
   out.sort(key=lambda c: -c.score)
   return out
