@@ -568,15 +568,17 @@ def glm() -> None:
   _pretrained("glm", model, model.model.layers[0].mlp, 16)
 
 
-def _pretrained(name: str, model: torch.nn.Module, block: torch.nn.Module, width: int) -> None:
+def _pretrained(
+  name: str, model: torch.nn.Module, block: torch.nn.Module, width: int, rows: int = 0
+) -> None:
   """``model`` under ``name/`` as ``save_pretrained`` writes it, and ``block``'s output on a
-  random ``[1, 5, width]`` input (``reference.npz``: ``x``, ``y``)."""
+  random ``[1, 5, width]`` input, or ``[rows, width]`` (``reference.npz``: ``x``, ``y``)."""
   import numpy as np
 
   out = OUT / name
   out.mkdir(parents=True, exist_ok=True)
   model.save_pretrained(out)
-  x = torch.randn(1, 5, width)
+  x = torch.randn(rows, width) if rows else torch.randn(1, 5, width)
   with torch.no_grad():
     y = block(x)
   np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
@@ -589,8 +591,6 @@ def llama4() -> None:
   Its experts are bare ``gate_up_proj`` ``[E, D, 2I]`` (``[gate | up]`` on the last axis, by
   its code's ``chunk(2, dim=-1)``) and ``down_proj`` ``[E, I, D]``, used as ``x @ W``; the
   hidden size is twice the expert width, so ``gate_up_proj`` is square."""
-  import numpy as np
-
   torch.manual_seed(0)
   config = tf.Llama4TextConfig(
     vocab_size=32,
@@ -610,14 +610,8 @@ def llama4() -> None:
   )
   model = tf.Llama4ForCausalLM(config).eval()
   _randomize(model)
-  out = OUT / "llama4"
-  out.mkdir(parents=True, exist_ok=True)
-  model.save_pretrained(out)
-  x = torch.randn(4 * 5, 16)
-  with torch.no_grad():
-    y = model.model.layers[1].feed_forward.experts(x)
-  np.savez(out / "reference.npz", x=x.numpy(), y=y.numpy())
-  print("llama4 ->", out)
+  # the experts read [E * tokens, D] rows: 5 tokens for each of the 4
+  _pretrained("llama4", model, model.model.layers[1].feed_forward.experts, 16, rows=4 * 5)
 
 
 _FUNCTIONS = {
