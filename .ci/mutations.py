@@ -1045,7 +1045,7 @@ MUTATIONS = (
   Mutation(
     "a scanned tensor's layer does not vote for the orientation",
     "paramreg_jax/_src/match/axes.py",
-    "      stored = one_stored_layer(stored, layers)\n",
+    "      stored = ck.one_layer(stored, layers)\n",
     "      pass\n",
     ("tests/test_match_layouts.py", "-k", "scanned"),
   ),

@@ -165,20 +165,6 @@ def _agreed(
 _ORIENT = {"t": "[out, in] (torch.nn.Linear)", "same": "[in, out] (Conv1D)"}
 
 
-def one_stored_layer(stored: tuple[int, ...], layers: int) -> tuple[int, ...] | None:
-  """One layer's shape of a stored tensor that stacks ``layers`` layers on axis 0 or 1 (a
-  scanned checkpoint's, unstacked into a target's layers); None where neither or both are.
-
-  Examples:
-    >>> one_stored_layer((32, 3, 48), 3), one_stored_layer((3, 3, 48), 3)
-    ((32, 48), None)
-  """
-  axes = [a for a in (0, 1) if a < len(stored) and stored[a] == layers]
-  if layers < 2 or len(axes) != 1:
-    return None
-  return stored[: axes[0]] + stored[axes[0] + 1 :]
-
-
 def decided_relation(
   slots: list[Any],
   decided: dict[str, Any],
@@ -216,7 +202,7 @@ def decided_relation(
       layers = ck.target_layers.get(slot.name, 0)
       if len(slot.shape) == len(stored):  # into a stacked leaf: as many as it has
         layers = math.prod(slot.shape) // max(math.prod(shape), 1)
-      stored = one_stored_layer(stored, layers)
+      stored = ck.one_layer(stored, layers)
     if stored is None or len(shape) != 2 or not linear_target(tc, shape):
       continue
     if not is_linear(ck.concepts[p.keys[0]], stored) or ck.concepts[p.keys[0]].bare != bare:

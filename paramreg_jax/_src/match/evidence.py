@@ -126,6 +126,22 @@ class Checkpoint:
         pairs.add((axis, layers))
     return frozenset(pairs)
 
+  def one_layer(self, stored: tuple[int, ...], layers: int) -> tuple[int, ...] | None:
+    """One layer's shape of a tensor of this scanned checkpoint that stacks ``layers``
+    layers, where :attr:`scanned` says on which axis; None where it does not say one.
+
+    Examples:
+      >>> from paramreg_jax._src.match.vocabulary import concepts
+      >>> keys = ["layers/mlp/wi/kernel", "layers/mlp/wo/kernel"]
+      >>> ck = Checkpoint({k: concepts(k) for k in keys}, dict(zip(keys, [(32, 3, 48), (48, 3, 32)])))
+      >>> ck.one_layer((32, 3, 48), 3), ck.one_layer((32, 3, 48), 32)
+      ((32, 48), None)
+    """
+    axes = [a for a in (0, 1) if (a, layers) in self.scanned and a < len(stored)]
+    if len(axes) != 1 or stored[axes[0]] != layers:
+      return None
+    return stored[: axes[0]] + stored[axes[0] + 1 :]
+
   @functools.cached_property
   def by_size(self) -> dict[int, list[str]]:
     """Keys by their number of values (what a refusal offers a leaf no name ties to)."""
