@@ -15,6 +15,13 @@ from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.match.vocabulary import is_container
 
 
+def layer_counts(ck: Checkpoint) -> set[int]:
+  """How many layers the checkpoint has, as each of its per-layer name templates numbers them
+  and as a scanned checkpoint stacks them (``Checkpoint.scanned``)."""
+  counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()}
+  return counts | {layers for _, layers in ck.scanned}
+
+
 def scan_axis(
   slots: list[Any], ck: Checkpoint, per_layer: frozenset[str] = frozenset()
 ) -> int | None:
@@ -24,8 +31,7 @@ def scan_axis(
   reading says, or, first, the one axis on which all the leaves of each stack have one size;
   None if none does or they disagree (both are then offered, and a leaf both fit is a
   question, never a pick)."""
-  counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()}
-  counts |= {layers for _, layers in ck.scanned}  # a scanned checkpoint's
+  counts = layer_counts(ck)
   votes = set()
   by_stack: dict[str, set[tuple[int, ...]]] = {}
   for slot in slots:
@@ -56,8 +62,7 @@ def stacks(slots: list[Any], ck: Checkpoint) -> frozenset[str]:
   names says so (``nn.scan(Block, name="decoder")``, ``nnx.vmap``-built stacks named for what
   they are): the largest subtrees of two or more leaves, none numbered or named as layers,
   whose every leaf leads with the same size, a layer count of the checkpoint (2 or more)."""
-  counts = {1 + max(i[0] for i in by_index) for by_index in ck.templates.values()} - {0, 1}
-  counts |= {layers for _, layers in ck.scanned}
+  counts = layer_counts(ck) - {0, 1}
   if not counts:
     return frozenset()
   leads: dict[str, set[int | None]] = {}
