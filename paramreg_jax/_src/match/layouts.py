@@ -22,6 +22,7 @@ from paramreg_jax._src.match.evidence import Checkpoint
 from paramreg_jax._src.match.evidence import is_linear
 from paramreg_jax._src.match.evidence import linear_target
 from paramreg_jax._src.match.vocabulary import Concepts
+from paramreg_jax._src.match.vocabulary import components
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources.selection import Indices
 
@@ -242,7 +243,7 @@ def merged_relation(
   """
   if _is_conv(sc, src):
     return relation
-  if sc.name.rpartition("/")[2].rpartition(".")[2] in IN_OUT_LEAVES and stored != "t":
+  if components(sc.name)[-1] in IN_OUT_LEAVES and stored != "t":
     return relation
   return None
 
