@@ -350,7 +350,7 @@ def _build_restack(first: ops.Recipe, axis: int, at: int, layers: int) -> ops.Re
   """``first`` (layer 0 of a tensor stacked on ``axis``) for every layer, stacked on ``at``."""
 
   def layer(i: int) -> ops.Recipe:
-    return map_sources(first, lambda s: ops.Source(s.key, Range(axis, i, i + 1)))
+    return ops.map_sources(first, lambda s: ops.Source(s.key, Range(axis, i, i + 1)))
 
   return ops.stack([layer(i) for i in range(layers)], axis=at)
 
@@ -549,29 +549,8 @@ def _build_stack(
   return ops.stack(items, axis=axes[0])
 
 
-def rekey(recipe: ops.Recipe, key_fn: Any) -> ops.Recipe:
-  """``recipe`` with every source key ``k`` read as ``key_fn(k)`` (a layer's recipe from layer
-  0's, a hint's ``{i}`` filled in); the structure and selections unchanged."""
-  return map_sources(recipe, lambda s: ops.Source(key_fn(s.key), s.selection))
-
-
-def map_sources(recipe: ops.Recipe, fn: Any) -> ops.Recipe:
-  """``recipe`` with every ``source`` node replaced by ``fn(node)`` (a recipe)."""
-  if isinstance(recipe, ops.Source):
-    return fn(recipe)
-  fields = {}
-  for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
-    value = getattr(recipe, f.name)
-    if isinstance(value, ops.Recipe):
-      value = map_sources(value, fn)
-    elif isinstance(value, tuple) and value and isinstance(value[0], ops.Recipe):
-      value = tuple(map_sources(v, fn) for v in value)
-    fields[f.name] = value
-  return type(recipe)(**fields)
-
-
 def _rekey(recipe: ops.Recipe, old: str, new: str) -> ops.Recipe:
-  return rekey(recipe, lambda k: new if k == old else k)
+  return ops.rekey(recipe, lambda k: new if k == old else k)
 
 
 def distinct(cands: list[Candidate]) -> list[Candidate]:

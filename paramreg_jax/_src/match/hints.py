@@ -31,7 +31,6 @@ from paramreg_jax._src.match import config_facts
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import candidates
-from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.coherence import checkpoint_module as coherence_module
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
@@ -258,7 +257,7 @@ def _at_layer(hint: Any, i: str) -> Any:
   if isinstance(hint, str):
     return hint.replace("{i}", i)
   if isinstance(hint, ops.Recipe):
-    return rekey(hint, lambda key: key.replace("{i}", i))
+    return ops.rekey(hint, lambda key: key.replace("{i}", i))
   return hint  # refused with its type by check()
 
 
@@ -388,4 +387,4 @@ def _misoriented(
 
 
 def _has_transpose(recipe: ops.Recipe) -> bool:
-  return isinstance(recipe, ops.Transpose) or any(_has_transpose(c) for c in recipe.children())
+  return any(isinstance(n, ops.Transpose) for n in ops.nodes(recipe))

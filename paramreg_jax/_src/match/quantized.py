@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from paramreg_jax._src import errors
-from paramreg_jax._src.match import candidates as cand_lib
 from paramreg_jax._src.recipes import inference
 from paramreg_jax._src.recipes import ops
 from paramreg_jax._src.sources import checkpoint_source as source_lib
@@ -277,4 +276,4 @@ def to_stored(recipe: ops.Recipe, view: ValuesView) -> ops.Recipe:
       return form
     return ops.select(form, node.selection)
 
-  return cand_lib.map_sources(recipe, stored_source)
+  return ops.map_sources(recipe, stored_source)

@@ -50,7 +50,6 @@ from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match import vocabulary
 from paramreg_jax._src.match.candidates import Candidate
 from paramreg_jax._src.match.candidates import distinct
-from paramreg_jax._src.match.candidates import rekey
 from paramreg_jax._src.match.proposal import code
 from paramreg_jax._src.match.vocabulary import concepts
 from paramreg_jax._src.recipes import inference
@@ -407,7 +406,7 @@ def _templated(text: str, n: str, loose: bool = False) -> str:
 def _templated_hint(hint: str | ops.Recipe, n: str, loose: bool) -> str | ops.Recipe:
   if isinstance(hint, str):
     return _templated(f'"{hint}"', n, loose)[1:-1]
-  return rekey(hint, lambda key: _templated(f'"{key}"', n, loose)[1:-1])
+  return ops.rekey(hint, lambda key: _templated(f'"{key}"', n, loose)[1:-1])
 
 
 def hints_literal(problems: Sequence[Problem], by_name: dict[str, Any]) -> str:

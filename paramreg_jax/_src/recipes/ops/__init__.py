@@ -39,6 +39,8 @@ from paramreg_jax._src.recipes.ops.scale_blocks import scale_blocks
 from paramreg_jax._src.recipes.ops.select import Select
 from paramreg_jax._src.recipes.ops.select import select
 from paramreg_jax._src.recipes.ops.source import Source
+from paramreg_jax._src.recipes.ops.source import map_sources
+from paramreg_jax._src.recipes.ops.source import rekey
 from paramreg_jax._src.recipes.ops.source import source
 from paramreg_jax._src.recipes.ops.stack import Stack
 from paramreg_jax._src.recipes.ops.stack import stack
@@ -78,9 +80,11 @@ __all__ = (
   "check_recipe",
   "concatenate",
   "dequantize",
+  "map_sources",
   "mxfp4",
   "neg_log",
   "nodes",
+  "rekey",
   "reshape",
   "scale_blocks",
   "select",

@@ -96,3 +96,31 @@ def recorded_format_problem(
     if problem:
       return problem
   return None
+
+
+def map_sources(recipe: base.Recipe, fn: Callable[[Source], base.Recipe]) -> base.Recipe:
+  """``recipe`` with every ``source`` node replaced by ``fn(node)`` (a recipe), the rest of its
+  structure unchanged.
+
+  Examples:
+    >>> from paramreg_jax import recipes as R
+    >>> print(map_sources(R.transpose(R.source("w"), (1, 0)), lambda s: R.source("v")))
+    transpose(source('v'), (1, 0))
+  """
+  if isinstance(recipe, Source):
+    return fn(recipe)
+  fields = {}
+  for f in dataclasses.fields(recipe):  # type: ignore[arg-type]
+    value = getattr(recipe, f.name)
+    if isinstance(value, base.Recipe):
+      value = map_sources(value, fn)
+    elif isinstance(value, tuple) and value and isinstance(value[0], base.Recipe):
+      value = tuple(map_sources(v, fn) for v in value)
+    fields[f.name] = value
+  return type(recipe)(**fields)
+
+
+def rekey(recipe: base.Recipe, key_fn: Callable[[str], str]) -> base.Recipe:
+  """``recipe`` with every source key ``k`` read as ``key_fn(k)`` (a layer's recipe from layer
+  0's, a hint's ``{i}`` filled in); the structure and selections unchanged."""
+  return map_sources(recipe, lambda s: Source(key_fn(s.key), s.selection))
