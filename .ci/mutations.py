@@ -1063,6 +1063,13 @@ MUTATIONS = (
     "  if len(tc.indices) == 1 and not singles:\n",
     ("tests/test_match_layouts.py", "-k", "scanned_tensor_it_is"),
   ),
+  Mutation(
+    "a scanned checkpoint of other layers than the target's is not said",
+    "paramreg_jax/_src/match/propose.py",
+    "  problems[:0] = layer_mismatch.scanned(slots, ck, problems)\n",
+    "",
+    ("tests/test_match_layouts.py", "-k", "told_why"),
+  ),
 )
 
 

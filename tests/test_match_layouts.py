@@ -1467,3 +1467,25 @@ def test_a_name_hint_on_a_layer_names_the_scanned_tensor_it_is_a_layer_of():
   got = prj.restore(target, MemorySource(ck), recipes=m)
   for i, p in enumerate(per):
     np.testing.assert_array_equal(got[f"layers_{i}"]["mlp"]["p7"]["kernel"], p["wi"])
+
+
+def test_a_target_of_other_layers_than_a_scanned_checkpoint_is_told_why():
+  """A target of 4 layers over a checkpoint that stacks 3: every leaf is refused, and one
+  problem, first, says why and the recipe that takes a layer's slice (checked by restoring
+  layer 2 of a tensor with it, as pasted)."""
+  ck, per = _scanned(3, 1)
+  target = jax.tree.map(lambda x: _sds(*x.shape), _layers_target([*per, per[0]], merged=False))
+  with pytest.raises(prj.MatchError) as info:
+    prj.match(target, MemorySource(ck))
+  key = "params/decoder/layers/attn/key/kernel"
+  assert info.value.problems[0] == (
+    f"the checkpoint stacks its layers (3 on axis 1: {key!r} (32, 3, 4, 8)), the target has 4 "
+    "of 'layers_{i}/attn/key/kernel' (24 leaves refused for it): restore into a model of 3 "
+    "layers, or give each leaf its layer's slice of its tensor as a recipe hint, as for layer "
+    f"i of that one: R.reshape(R.source({key!r}, prj.Range(1, i, i + 1)), (32, 4, 8))"
+  )
+  recipe = eval(  # the user's paste
+    info.value.problems[0].rpartition(": ")[2].replace("i, i + 1", "2, 3"),
+    {"R": prj.recipes, "prj": prj},
+  )
+  np.testing.assert_array_equal(prj.recipes.evaluate(recipe, MemorySource(ck)), per[2]["key"])

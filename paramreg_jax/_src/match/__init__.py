@@ -30,7 +30,8 @@ the concept (data flows down the list):
    tensors where only one pairing exists.
 5. ``report``: the :class:`Match` (a ``RecipeSet``): table, HTML, facts, ``to_python``;
    ``refusal``: what was not decided, one question per concept, as a ``hints = {...}``
-   literal to uncomment and as data on the ``MatchError``.
+   literal to uncomment and as data on the ``MatchError``; ``layer_mismatch``: where the
+   checkpoint and the target hold different numbers of layers, said once.
 
 ``hints`` (``hints.py``) settle what the evidence cannot, each only the leaf it names.
 

@@ -18,6 +18,7 @@ from paramreg_jax._src.match import decide
 from paramreg_jax._src.match import evidence
 from paramreg_jax._src.match import hints as hints_lib
 from paramreg_jax._src.match import kept
+from paramreg_jax._src.match import layer_mismatch
 from paramreg_jax._src.match import numbering
 from paramreg_jax._src.match import order
 from paramreg_jax._src.match import quantized
@@ -153,6 +154,7 @@ def _propose(
   ck.hinted_convention = axes.hinted_convention(slots, ck, name_hints)
   proposals, problems, ranked = _oriented(slots, source, ck, recipe_hints, name_hints)
   problems += _heads_against_config(proposals, source, ck, frozenset(given))
+  problems[:0] = layer_mismatch.scanned(slots, ck, problems)
   aligned = tuple(sorted(ck.towers.items()))
   changed = (
     _hint_effects(slots, source, ck, proposals, problems, given) if given or ck.layouts else ()
@@ -167,7 +169,7 @@ def _propose(
     reads = {k for p in ordered if p.recipe is not None for k in inference.source_keys(p.recipe)}
     ignored += sorted(k for k in forms.hidden if k not in reads)
   if not problems:
-    problems += _unused_layers(ignored, ck)
+    problems += layer_mismatch.unused(ignored, ck)
   result = _report(ordered, ignored, stored, ck, changed, aligned, config is not None)
   if problems:
     error = refusal.refuse(problems, ranked, slots, source, ck)
@@ -379,27 +381,6 @@ def _hint_effects(
     if before != after:
       out.append((s.name, before, after))
   return tuple(out)
-
-
-def _unused_layers(ignored: list[str], ck: evidence.Checkpoint) -> list[str]:
-  layer_keys = [k for k in ignored if k in ck.concepts and ck.concepts[k].indices]
-  if not layer_keys:
-    return []
-  extra = sorted({ck.concepts[k].indices for k in layer_keys})
-  if all(ck.concepts[k].tokens & {"mean", "var"} for k in layer_keys):
-    return [
-      f"the checkpoint has batch-norm statistics the target has no leaf for "
-      f"({len(layer_keys)}): {', '.join(layer_keys[:4])}{', ...' if len(layer_keys) > 4 else ''}"
-      "; a batch norm restored without them computes another function in inference: add them "
-      "to the target where the model keeps them (flax's batch_stats collection beside params, "
-      "{'params': ..., 'batch_stats': ...}; equinox's eqx.nn.State, as a tree of its arrays)"
-    ]
-  return [
-    f"the checkpoint has layer tensors the target does not use ({len(layer_keys)}, at "
-    f"{', '.join(str(list(i)) for i in extra[:6])}): {', '.join(layer_keys[:4])}"
-    f"{', ...' if len(layer_keys) > 4 else ''}; a model with fewer layers than the "
-    "checkpoint? Pass the unused ones as hints or restore into the full model"
-  ]
 
 
 def _slots(target: Any) -> list[Any]:
